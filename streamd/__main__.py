@@ -1,0 +1,5 @@
+import sys
+
+from streamd.cli import main
+
+sys.exit(main())

@@ -1,0 +1,145 @@
+"""NeMo's log-mel front end, offline and incremental.
+
+The pipeline (NeMo `FilterbankFeatures` at inference): pre-emphasis 0.97, STFT with a symmetric
+Hann window of 400 samples centred in 512, `center=True` with zero padding, power spectrum,
+Slaney mel filterbank, ln(x + 2^-24), no normalisation ("NA"), no dither. Mel frame i is centred
+on sample 160*i; a signal of N samples has N // 160 frames.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from streamd.model.dims import FeatureDims
+
+LOG_GUARD = 2.0**-24
+LOG_MEL_SILENCE = math.log(LOG_GUARD)  # -16.635: the log-mel value of digital silence
+
+
+def slaney_mel_filterbank(dims: FeatureDims) -> Tensor:
+    """librosa's `filters.mel(htk=False, norm="slaney")` from 0 Hz to Nyquist: (n_mels, n_fft//2+1)."""
+    f_sp, min_log_hz = 200.0 / 3, 1000.0
+    min_log_mel, logstep = min_log_hz / f_sp, math.log(6.4) / 27.0
+
+    def hz_to_mel(f: float) -> float:
+        return f / f_sp if f < min_log_hz else min_log_mel + math.log(f / min_log_hz) / logstep
+
+    mels = np.linspace(hz_to_mel(0.0), hz_to_mel(dims.sample_rate / 2), dims.n_mels + 2)
+    mel_f = np.where(mels >= min_log_mel, min_log_hz * np.exp(logstep * (mels - min_log_mel)), f_sp * mels)
+    fft_f = np.linspace(0, dims.sample_rate / 2, dims.n_fft // 2 + 1)
+    fdiff = np.diff(mel_f)
+    ramps = mel_f[:, None] - fft_f[None, :]
+    lower = -ramps[:-2] / fdiff[:-1, None]
+    upper = ramps[2:] / fdiff[1:, None]
+    weights = np.maximum(0.0, np.minimum(lower, upper))
+    weights *= (2.0 / (mel_f[2:] - mel_f[:-2]))[:, None]
+    return torch.from_numpy(weights.astype(np.float32))
+
+
+class LogMel(nn.Module):
+    """Offline log-mel features; buffers `featurizer.window` [400] and `featurizer.fb` [1, M, 257]
+    carry NeMo's state-dict names so a checkpoint's own window and filterbank are used."""
+
+    def __init__(self, dims: FeatureDims) -> None:
+        super().__init__()
+        self.dims = dims
+        self.featurizer = nn.Module()
+        self.featurizer.register_buffer("window", torch.hann_window(dims.win_length, periodic=False))
+        self.featurizer.register_buffer("fb", slaney_mel_filterbank(dims)[None])
+
+    def frames(self, padded: Tensor) -> Tensor:
+        """Log-mel of every full 512-sample frame of pre-emphasised, already padded audio.
+
+        Args:
+            padded: (B, S) float32.
+        Returns:
+            (B, n_mels, (S - n_fft) // hop + 1) float32.
+        """
+        d = self.dims
+        spec = torch.stft(padded, n_fft=d.n_fft, hop_length=d.hop_length, win_length=d.win_length,
+                          window=self.featurizer.window.float(), center=False, return_complex=True)
+        power = torch.view_as_real(spec).pow(2).sum(-1).sqrt().pow(2)
+        n = power.shape[-1]
+        if n == 1:  # one column would take BLAS's gemv path, which rounds differently from gemm
+            power = power.expand(-1, -1, 2)
+        return torch.log(torch.matmul(self.featurizer.fb.float(), power) + LOG_GUARD)[..., :n]
+
+    @torch.autocast("cuda", enabled=False)
+    @torch.autocast("cpu", enabled=False)
+    def forward(self, audio: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+        """Args: audio (B, N) float, lengths (B,) int64 samples.
+        Returns: mel (B, n_mels, max(lengths) // hop) float32 with frames past a row's length set
+        to 0.0 (as NeMo pads), and mel lengths (B,) = lengths // hop."""
+        d = self.dims
+        audio = audio.float()
+        n = audio.shape[1]
+        valid = torch.arange(n, device=audio.device)[None] < lengths[:, None]
+        y = torch.cat([audio[:, :1], audio[:, 1:] - d.preemph * audio[:, :-1]], dim=1)
+        y = y.masked_fill(~valid, 0.0)
+        pad = d.n_fft // 2
+        mel = self.frames(nn.functional.pad(y, (pad, pad)))
+        mel_len = torch.div(lengths, d.hop_length, rounding_mode="floor")
+        mel = mel[:, :, : n // d.hop_length]
+        frame_valid = torch.arange(mel.shape[2], device=mel.device)[None] < mel_len[:, None]
+        return mel.masked_fill(~frame_valid[:, None], 0.0), mel_len
+
+
+class IncrementalLogMel:
+    """Log-mel of a live signal pushed in arbitrary pieces, frame-identical to `LogMel` on the
+    whole signal. Frame i is emitted once sample 160*i + 255 has arrived; `flush()` emits the
+    remaining frames with the same zero padding the offline STFT uses. CPU, float32."""
+
+    def __init__(self, logmel: LogMel) -> None:
+        self._logmel = logmel
+        self._hop = logmel.dims.hop_length
+        self._half = logmel.dims.n_fft // 2
+        self._buf = np.zeros(self._half, dtype=np.float32)  # pre-emphasised, from sample `_start`
+        self._start = -self._half
+        self._last = 0.0  # last raw sample, for pre-emphasis across pieces
+        self._seen = 0  # raw samples pushed so far
+        self._next = 0  # next frame index to emit
+
+    @property
+    def samples_seen(self) -> int:
+        return self._seen
+
+    def push(self, samples: np.ndarray) -> Tensor:
+        """samples: (n,) float32 mono at the model rate. Returns new frames (n_mels, k)."""
+        if samples.size == 0:
+            return self._emit(self._ready_frames())
+        x = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))
+        prev = torch.tensor([self._last], dtype=torch.float32)
+        y = (x - self._logmel.dims.preemph * torch.cat([prev, x[:-1]])).numpy()
+        if self._seen == 0:
+            y[0] = x[0]
+        self._last = float(x[-1])
+        self._seen += x.numel()
+        self._buf = np.concatenate([self._buf, y])
+        return self._emit(self._ready_frames())
+
+    def flush(self) -> Tensor:
+        """Emit the frames left at the end of the signal (total = samples // hop)."""
+        total = self._seen // self._hop
+        self._buf = np.concatenate([self._buf, np.zeros(2 * self._half, dtype=np.float32)])
+        return self._emit(total)
+
+    def _ready_frames(self) -> int:
+        """Frames whose 512-sample window has fully arrived (never more than the offline count)."""
+        return min((self._seen - self._half) // self._hop + 1, self._seen // self._hop) if self._seen >= self._half else 0
+
+    def _emit(self, upto: int) -> Tensor:
+        if upto <= self._next:
+            return torch.empty(self._logmel.dims.n_mels, 0)
+        lo = self._next * self._hop - self._half - self._start
+        hi = (upto - 1) * self._hop + self._half - self._start
+        seg = torch.from_numpy(self._buf[lo:hi].copy())[None]
+        with torch.no_grad():
+            mel = self._logmel.frames(seg)[0]
+        self._next = upto
+        keep_from = self._next * self._hop - self._half - self._start
+        self._buf = self._buf[keep_from:]
+        self._start += keep_from
+        return mel

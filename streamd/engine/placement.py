@@ -1,0 +1,46 @@
+"""Where the model lives: device/dtype parsing and the one place that moves the model."""
+from __future__ import annotations
+
+import torch
+
+from streamd.model.transducer import Transducer
+
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
+          "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+          "fp16": torch.float16, "float16": torch.float16, "half": torch.float16}
+DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        if name not in DTYPE_NAMES:
+            raise ValueError(f"unsupported dtype {name}")
+        return name
+    key = name.lower().removeprefix("torch.")
+    if key not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; use fp32, bf16 or fp16")
+    return DTYPES[key]
+
+
+def parse_device(name: str) -> torch.device:
+    """'auto' (cuda:0 if available, else cpu), 'cpu', 'cuda', 'cuda:N'. Checks the device exists."""
+    if name == "auto":
+        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {name!r}: CUDA is not available on this machine")
+        index = dev.index if dev.index is not None else 0
+        if index >= torch.cuda.device_count():
+            raise ValueError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s)")
+        return torch.device("cuda", index)
+    if dev.type != "cpu":
+        raise ValueError(f"device {name!r}: only cpu and cuda are supported")
+    return dev
+
+
+def move_model(model: Transducer, device: torch.device, dtype: torch.dtype) -> None:
+    """Move and cast the model in place. The features' window and filterbank stay fp32 (the
+    front end always computes in fp32, on the CPU for live streams)."""
+    model.to(device=device, dtype=dtype)
+    model.preprocessor.float()

@@ -1,0 +1,134 @@
+"""Batched streaming recognition over fixed-capacity slots (synchronous; one engine thread).
+
+Every live stream owns a slot: a row of the batched encoder caches and decoder carry, kept on
+the model's device. A step gathers the rows of the streams that have a chunk ready, runs one
+encoder step and one decoder call, and scatters the rows back. Device and dtype are read from
+the model's parameters at every step, and the slot tensors follow them: a plain `model.to(...)`
+between steps is enough.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from streamd.decoding.greedy import GreedyLabelLooping
+from streamd.decoding.state import DecoderState
+from streamd.engine.stream import ChunkGeometry, Stream
+from streamd.model.encoder import EncoderCache
+from streamd.model.transducer import Transducer
+
+
+class CapacityError(RuntimeError):
+    """Every slot is taken."""
+
+
+@dataclass
+class ChunkResult:
+    """One stream's outcome of one step: new labels with global encoder-frame times, and the
+    encoder frames [frame_start, frame_end) this step decoded."""
+
+    stream: Stream
+    tokens: list[int]
+    times: list[int]
+    frame_start: int
+    frame_end: int
+
+
+class Recognizer:
+    """Owns the slot state; the model and decoder are passed in and never moved here."""
+
+    def __init__(self, model: Transducer, decoder: GreedyLabelLooping, capacity: int,
+                 right_context: int | None = None) -> None:
+        self.model, self.decoder, self.capacity = model, decoder, capacity
+        if right_context is not None:
+            model.encoder.set_att_context((model.encoder.att_context[0], right_context))
+        self.geometry = ChunkGeometry(model.encoder.att_context[1])
+        # Live features are computed on the CPU in fp32, whatever the model's device and dtype.
+        self._logmel = copy.deepcopy(model.preprocessor).float().cpu()
+        self._free = list(range(capacity - 1, -1, -1))
+        self._cache: EncoderCache | None = None
+        self._dec: DecoderState | None = None
+
+    @property
+    def active(self) -> int:
+        return self.capacity - len(self._free)
+
+    def open(self) -> Stream:
+        if not self._free:
+            raise CapacityError(f"all {self.capacity} stream slots are in use")
+        slot = self._free.pop()
+        self._reset_slot(slot)
+        return Stream.new(slot, self._logmel, self.geometry)
+
+    def close(self, stream: Stream) -> None:
+        """Release the stream's slot (its rows are reset when the slot is reused)."""
+        if stream.slot >= 0:
+            self._free.append(stream.slot)
+            stream.slot = -1
+
+    def state_tensors(self) -> tuple[EncoderCache, DecoderState]:
+        """The slot state on the model's current device and dtype (moved here if it is not)."""
+        device, dtype = self.model.device, self.model.dtype
+        if self._cache is None or self._dec is None:
+            self._cache = self.model.encoder.init_cache(self.capacity, device, dtype)
+            self._dec = self.decoder.initial_state(self.capacity)
+        elif self._cache.channel.device != device or self._cache.channel.dtype != dtype:
+            self._cache = self._cache.to(device, dtype)
+            self._dec = self._dec.to(device, dtype)
+        return self._cache, self._dec
+
+    @torch.no_grad()
+    def step(self, streams: list[Stream]) -> list[ChunkResult]:
+        """Encode and decode one chunk of every given stream (each must be `ready`)."""
+        cache, dec = self.state_tensors()
+        device = cache.channel.device
+        windows = [s.take_window() for s in streams]
+        mel = torch.stack([w.mel for w in windows]).to(device)
+        lengths = torch.tensor([w.length for w in windows], device=device)
+        start = torch.tensor([w.start for w in windows], device=device)
+        rows = torch.tensor([s.slot for s in streams], device=device)
+        sub = EncoderCache(cache.channel.index_select(1, rows), cache.time.index_select(1, rows),
+                           cache.channel_len.index_select(0, rows))
+        enc, enc_len, sub = self.model.encoder.streaming_forward(mel, lengths, sub, start=start)
+        hyps, new_dec = self.decoder(enc, enc_len, dec.index_select(rows))
+        cache.channel.index_copy_(1, rows, sub.channel)
+        cache.time.index_copy_(1, rows, sub.time)
+        cache.channel_len.index_copy_(0, rows, sub.channel_len)
+        dec.index_copy_(rows, new_dec)
+        return self._results(streams, hyps.to_lists(), enc_len.tolist())
+
+    def _results(self, streams: list[Stream], hyps: list[tuple[list[int], list[int]]],
+                 frames: list[int]) -> list[ChunkResult]:
+        out = []
+        for s, (toks, times), n in zip(streams, hyps, frames):
+            start = s.frames_decoded
+            s.frames_decoded += n
+            s.tokens.extend(toks)
+            s.times.extend(times)
+            out.append(ChunkResult(s, toks, times, start, s.frames_decoded))
+        return out
+
+    @torch.no_grad()
+    def _reset_slot(self, slot: int) -> None:
+        cache, dec = self.state_tensors()
+        rows = torch.tensor([slot], device=cache.channel.device)
+        cache.channel.index_fill_(1, rows, 0.0)
+        cache.time.index_fill_(1, rows, 0.0)
+        cache.channel_len.index_fill_(0, rows, 0)
+        dec.index_copy_(rows, self.decoder.initial_state(1))
+
+
+def transcribe_offline(model: Transducer, decoder: GreedyLabelLooping, audio: Tensor
+                       ) -> tuple[list[int], list[int]]:
+    """Full-utterance reference: features, encoder under the streaming mask, greedy search.
+    audio: (N,) float32 at the model's rate. Returns tokens and their encoder-frame times."""
+    with torch.no_grad():
+        device = model.device
+        a = audio.to(device)[None]
+        mel, mel_len = model.preprocessor(a, torch.tensor([a.shape[1]], device=device))
+        enc, enc_len = model.encoder(mel, mel_len)
+        hyps, _ = decoder(enc, enc_len)
+    return hyps.to_lists()[0]

@@ -1,0 +1,109 @@
+"""One live stream's host-side state: incremental features and the mel frames not yet encoded.
+
+Chunk geometry (mel frames, 10 ms each; encoder frames are 8 mel frames, 80 ms): at right
+context R every step encodes a window of W = 9 + 8(R+1) mel frames and keeps R+1 encoder frames.
+A stream's first step takes 1 + 8R new frames, later steps 8(R+1). The window's leading rows that
+precede the stream are masked as the offline pass's causal zero padding, so streaming output is
+the offline output, chunk for chunk. The last step takes whatever is left.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from streamd.audio.features import IncrementalLogMel, LogMel
+from streamd.model.encoder import PRE_ENCODE_CACHE
+
+SUBSAMPLING = 8
+
+
+@dataclass(frozen=True)
+class ChunkGeometry:
+    """Step sizes for right context `right` (R)."""
+
+    right: int
+
+    @property
+    def window(self) -> int:
+        """W: mel frames fed per step."""
+        return PRE_ENCODE_CACHE + SUBSAMPLING * (self.right + 1)
+
+    def new_frames(self, first: bool) -> int:
+        """New mel frames a full step consumes."""
+        return 1 + SUBSAMPLING * self.right if first else SUBSAMPLING * (self.right + 1)
+
+    @property
+    def chunk_ms(self) -> int:
+        return 10 * SUBSAMPLING * (self.right + 1)
+
+
+@dataclass
+class Window:
+    """What a stream contributes to one encoder step: mel (n_mels, W), valid rows [start, length)."""
+
+    mel: Tensor
+    start: int
+    length: int
+
+
+@dataclass
+class Stream:
+    """Features and pending frames of one stream; the engine owns its slot in the batched state."""
+
+    slot: int
+    features: IncrementalLogMel
+    geometry: ChunkGeometry
+    pending: Tensor  # (n_mels, k) mel frames not yet encoded
+    tail: Tensor  # (n_mels, <= 9) last encoded mel frames
+    steps: int = 0
+    ended: bool = False
+    frames_decoded: int = 0  # encoder frames
+    tokens: list[int] = field(default_factory=list)
+    times: list[int] = field(default_factory=list)
+
+    @classmethod
+    def new(cls, slot: int, logmel: LogMel, geometry: ChunkGeometry) -> Stream:
+        empty = torch.empty(logmel.dims.n_mels, 0)
+        return cls(slot, IncrementalLogMel(logmel), geometry, empty, empty)
+
+    def push_audio(self, samples: np.ndarray) -> None:
+        """samples: (n,) float32 mono at the model's sample rate."""
+        self.pending = torch.cat([self.pending, self.features.push(samples)], dim=1)
+
+    def end(self) -> None:
+        """No more audio: the remaining frames become a last, shorter step."""
+        if not self.ended:
+            self.pending = torch.cat([self.pending, self.features.flush()], dim=1)
+            self.ended = True
+
+    @property
+    def need(self) -> int:
+        return self.geometry.new_frames(self.steps == 0)
+
+    @property
+    def ready(self) -> bool:
+        """A step can run: a full chunk is pending, or the stream ended with frames left."""
+        n = self.pending.shape[1]
+        return n >= self.need or (self.ended and n > 0)
+
+    @property
+    def finished(self) -> bool:
+        return self.ended and self.pending.shape[1] == 0
+
+    def take_window(self) -> Window:
+        """Consume the next chunk and lay it out in the uniform window."""
+        g, need = self.geometry, self.need
+        new = self.pending[:, :need]
+        self.pending = self.pending[:, need:]
+        w = g.window
+        lead = w - need  # rows before the new frames: 16 on the first step, 9 after
+        mel = torch.zeros(new.shape[0], w)
+        t = self.tail.shape[1]
+        mel[:, lead - t: lead] = self.tail
+        mel[:, lead: lead + new.shape[1]] = new
+        self.tail = torch.cat([self.tail, new], dim=1)[:, -PRE_ENCODE_CACHE:]
+        self.steps += 1
+        return Window(mel, lead - t, lead + new.shape[1])

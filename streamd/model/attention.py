@@ -1,0 +1,81 @@
+"""Relative-position multi-head self-attention (Transformer-XL style, NeMo `RelPositionMultiHeadAttention`)."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+MASKED_SCORE = -10000.0  # NeMo fills masked scores with -1e4 (not -inf): fully masked rows give 0
+
+
+class RelPositionalEncoding(nn.Module):
+    """Scales x by sqrt(d) and returns the sinusoidal table rows for relative offsets
+    +(n-1) ... -(n-1). The embedding is never added to x."""
+
+    def __init__(self, d_model: int, max_len: int, xscaling: bool) -> None:
+        super().__init__()
+        self.d_model = d_model
+        self.xscale = math.sqrt(d_model) if xscaling else 1.0
+        self.register_buffer("pe", self._table(max_len), persistent=False)
+
+    def _table(self, length: int) -> Tensor:
+        """(2*length - 1, d) rows for positions length-1 down to -(length-1), computed in fp32."""
+        pos = torch.arange(length - 1, -length, -1, dtype=torch.float32).unsqueeze(1)
+        div = torch.exp(torch.arange(0, self.d_model, 2, dtype=torch.float32) * -(math.log(10000.0) / self.d_model))
+        pe = torch.zeros(pos.shape[0], self.d_model)
+        pe[:, 0::2] = torch.sin(pos * div)
+        pe[:, 1::2] = torch.cos(pos * div)
+        return pe
+
+    def forward(self, x: Tensor, n_keys: int) -> tuple[Tensor, Tensor]:
+        """x: (B, T, d). Returns scaled x and pos_emb (1, 2*n_keys - 1, d) in x's dtype."""
+        length = (self.pe.shape[0] + 1) // 2
+        if n_keys > length:  # longer than any input seen: grow the table (offline, > 400 s)
+            self.pe = self._table(n_keys).to(self.pe.device)
+            length = n_keys
+        pos = self.pe[length - n_keys: length + n_keys - 1].to(x.dtype)
+        return x * self.xscale, pos.unsqueeze(0)
+
+
+class RelPositionMultiHeadAttention(nn.Module):
+    """Self-attention whose keys/values may be preceded by cached (already normalised) frames."""
+
+    def __init__(self, d_model: int, n_heads: int, bias: bool) -> None:
+        super().__init__()
+        self.h, self.d_k = n_heads, d_model // n_heads
+        self.linear_q = nn.Linear(d_model, d_model, bias=bias)
+        self.linear_k = nn.Linear(d_model, d_model, bias=bias)
+        self.linear_v = nn.Linear(d_model, d_model, bias=bias)
+        self.linear_out = nn.Linear(d_model, d_model, bias=bias)
+        self.linear_pos = nn.Linear(d_model, d_model, bias=False)
+        self.pos_bias_u = nn.Parameter(torch.zeros(n_heads, self.d_k))
+        self.pos_bias_v = nn.Parameter(torch.zeros(n_heads, self.d_k))
+
+    def forward(self, query: Tensor, keys: Tensor, pos_emb: Tensor, mask: Tensor) -> Tensor:
+        """Args:
+            query: (B, T, d) normalised input of this chunk.
+            keys: (B, n, d) = cat(cache, query) along time (n = cache + T).
+            pos_emb: (1, 2n - 1, d); mask: (B, T, n) bool, True = masked.
+        Returns: (B, T, d)."""
+        b, t, _ = query.shape
+        n = keys.shape[1]
+        q = self.linear_q(query).view(b, t, self.h, self.d_k)
+        k = self.linear_k(keys).view(b, n, self.h, self.d_k).transpose(1, 2)
+        v = self.linear_v(keys).view(b, n, self.h, self.d_k).transpose(1, 2)
+        p = self.linear_pos(pos_emb).view(1, -1, self.h, self.d_k).transpose(1, 2)  # (1, H, 2n-1, dk)
+        ac = torch.matmul((q + self.pos_bias_u).transpose(1, 2), k.transpose(-2, -1))  # (B, H, T, n)
+        bd = torch.matmul((q + self.pos_bias_v).transpose(1, 2), p.transpose(-2, -1))  # (B, H, T, 2n-1)
+        bd = rel_shift(bd)[..., :n]
+        scores = (ac + bd) / math.sqrt(self.d_k)
+        m = mask.unsqueeze(1)
+        attn = torch.softmax(scores.masked_fill(m, MASKED_SCORE), dim=-1).masked_fill(m, 0.0)
+        out = torch.matmul(attn, v).transpose(1, 2).reshape(b, t, self.h * self.d_k)
+        return self.linear_out(out)
+
+
+def rel_shift(x: Tensor) -> Tensor:
+    """Turn scores indexed by table row into scores indexed by relative distance: (B, H, T, P)."""
+    b, h, t, p = x.shape
+    x = nn.functional.pad(x, (1, 0)).view(b, h, p + 1, t)
+    return x[:, :, 1:].reshape(b, h, t, p)

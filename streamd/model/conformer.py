@@ -1,0 +1,92 @@
+"""One FastConformer layer (pre-LN macaron) with explicit attention and conv caches."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from streamd.model.attention import RelPositionMultiHeadAttention
+from streamd.model.dims import ModelDims
+
+
+class FeedForward(nn.Module):
+    def __init__(self, d: int, hidden: int, bias: bool) -> None:
+        super().__init__()
+        self.linear1 = nn.Linear(d, hidden, bias=bias)
+        self.linear2 = nn.Linear(hidden, d, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear2(F.silu(self.linear1(x)))
+
+
+class ChannelLayerNorm(nn.LayerNorm):
+    """LayerNorm over channels of a (B, C, T) tensor (NeMo's conv `layer_norm`)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return super().forward(x.transpose(1, 2)).transpose(1, 2)
+
+
+class CausalConvModule(nn.Module):
+    """pointwise(d->2d) -> GLU -> zero pads -> causal depthwise (cache of K-1 frames) -> norm ->
+    SiLU -> pointwise. The norm keeps NeMo's name `batch_norm` whatever its type."""
+
+    def __init__(self, dims: ModelDims) -> None:
+        super().__init__()
+        d, k, bias = dims.d_model, dims.conv_kernel, dims.use_bias
+        self.context = k - 1
+        self.pointwise_conv1 = nn.Conv1d(d, 2 * d, 1, bias=bias)
+        self.depthwise_conv = nn.Conv1d(d, d, k, groups=d, bias=bias)
+        if dims.conv_norm == "layer_norm":
+            self.batch_norm: nn.Module = ChannelLayerNorm(d)
+        else:
+            self.batch_norm = nn.BatchNorm1d(d)
+        self.pointwise_conv2 = nn.Conv1d(d, d, 1, bias=bias)
+
+    def forward(self, x: Tensor, pad_mask: Tensor, cache: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """x: (B, T, d); pad_mask: (B, T) True = padding; cache: (B, d, K-1) or None.
+        Returns (B, T, d) and the next cache (last K-1 depthwise inputs)."""
+        y = F.glu(self.pointwise_conv1(x.transpose(1, 2)), dim=1)
+        y = y.masked_fill(pad_mask.unsqueeze(1), 0.0)
+        if cache is None:
+            y = F.pad(y, (self.context, 0))
+            next_cache = None
+        else:
+            y = torch.cat([cache, y], dim=-1)
+            next_cache = y[:, :, -self.context:]
+        y = F.silu(self.batch_norm(self.depthwise_conv(y)))
+        return self.pointwise_conv2(y).transpose(1, 2), next_cache
+
+
+class ConformerLayer(nn.Module):
+    """x + FF/2 -> + MHSA -> + Conv -> + FF/2 -> LayerNorm."""
+
+    def __init__(self, dims: ModelDims) -> None:
+        super().__init__()
+        d, bias = dims.d_model, dims.use_bias
+        self.norm_feed_forward1 = nn.LayerNorm(d)
+        self.feed_forward1 = FeedForward(d, d * dims.ff_expansion, bias)
+        self.norm_conv = nn.LayerNorm(d)
+        self.conv = CausalConvModule(dims)
+        self.norm_self_att = nn.LayerNorm(d)
+        self.self_attn = RelPositionMultiHeadAttention(d, dims.n_heads, bias)
+        self.norm_feed_forward2 = nn.LayerNorm(d)
+        self.feed_forward2 = FeedForward(d, d * dims.ff_expansion, bias)
+        self.norm_out = nn.LayerNorm(d)
+
+    def forward(self, x: Tensor, pos_emb: Tensor, att_mask: Tensor, pad_mask: Tensor,
+                cache_channel: Tensor | None, cache_time: Tensor | None
+                ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """x: (B, T, d); cache_channel: (B, C, d) normalised attention inputs of earlier frames;
+        cache_time: (B, d, K-1). Returns x and both next caches (None without caches)."""
+        x = x + 0.5 * self.feed_forward1(self.norm_feed_forward1(x))
+        xn = self.norm_self_att(x)
+        if cache_channel is None:
+            keys, next_channel = xn, None
+        else:
+            keys = torch.cat([cache_channel, xn], dim=1)
+            next_channel = keys[:, -cache_channel.shape[1]:]
+        x = x + self.self_attn(xn, keys, pos_emb, att_mask)
+        conv, next_time = self.conv(self.norm_conv(x), pad_mask, cache_time)
+        x = x + conv
+        x = x + 0.5 * self.feed_forward2(self.norm_feed_forward2(x))
+        return self.norm_out(x), next_channel, next_time

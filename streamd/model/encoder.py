@@ -1,0 +1,128 @@
+"""Cache-aware streaming FastConformer encoder (NeMo `ConformerEncoder`, chunked_limited attention)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from streamd.model.attention import RelPositionalEncoding
+from streamd.model.conformer import ConformerLayer
+from streamd.model.dims import ModelDims
+from streamd.model.subsampling import CausalSubsampling
+
+# Mel frames a streaming step keeps from the previous step to give the subsampling its context.
+PRE_ENCODE_CACHE = 9
+# Subsampled frames of those cached mel frames that a step drops again: 1 + (9 - 1) // 8.
+DROP_EXTRA_PRE_ENCODED = 2
+
+
+@dataclass
+class EncoderCache:
+    """Per-stream encoder state, batch on dim 1 (dim 0 for `channel_len`).
+
+    channel: (L, B, C, d) normalised attention inputs of the last C frames, right-aligned.
+    time: (L, B, d, K-1) depthwise-conv inputs of the last K-1 frames.
+    channel_len: (B,) int64 valid frames in `channel` (saturates at C).
+    """
+
+    channel: Tensor
+    time: Tensor
+    channel_len: Tensor
+
+    def to(self, device: torch.device, dtype: torch.dtype) -> EncoderCache:
+        return EncoderCache(self.channel.to(device, dtype), self.time.to(device, dtype),
+                            self.channel_len.to(device))
+
+
+class ConformerEncoder(nn.Module):
+    """(B, n_mels, T) log-mel -> (B, T', d_model) at 80 ms per frame."""
+
+    def __init__(self, dims: ModelDims) -> None:
+        super().__init__()
+        self.dims = dims
+        self.pre_encode = CausalSubsampling(dims)
+        self.pos_enc = RelPositionalEncoding(dims.d_model, dims.pos_emb_max_len, dims.xscaling)
+        self.layers = nn.ModuleList(ConformerLayer(dims) for _ in range(dims.n_layers))
+        self.att_context: tuple[int, int] = dims.att_context_sizes[0]
+
+    def set_att_context(self, context: tuple[int, int]) -> None:
+        """Pick one of the [left, right] contexts the model was trained for."""
+        if tuple(context) not in self.dims.att_context_sizes:
+            raise ValueError(f"att_context_size {list(context)} not in {[list(c) for c in self.dims.att_context_sizes]}")
+        self.att_context = (int(context[0]), int(context[1]))
+
+    @property
+    def cache_frames(self) -> int:
+        """C: attention cache length in encoder frames (the left context)."""
+        return self.att_context[0]
+
+    def init_cache(self, batch: int, device: torch.device | str, dtype: torch.dtype) -> EncoderCache:
+        d = self.dims
+        return EncoderCache(
+            torch.zeros(d.n_layers, batch, self.cache_frames, d.d_model, device=device, dtype=dtype),
+            torch.zeros(d.n_layers, batch, d.d_model, d.conv_kernel - 1, device=device, dtype=dtype),
+            torch.zeros(batch, dtype=torch.long, device=device),
+        )
+
+    def forward(self, mel: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+        """Offline pass under the streaming (chunked_limited) mask.
+
+        Args: mel (B, n_mels, T); lengths (B,). Returns (B, T', d) and (B,) lengths."""
+        x, lengths = self.pre_encode(mel.to(self._dtype), lengths)
+        x, pos = self.pos_enc(x, x.shape[1])
+        pad_mask, att_mask = self._masks(x.shape[1], lengths, None)
+        for layer in self.layers:
+            x, _, _ = layer(x, pos, att_mask, pad_mask, None, None)
+        return x, lengths
+
+    def streaming_forward(self, mel: Tensor, lengths: Tensor, cache: EncoderCache,
+                          drop_extra: int = DROP_EXTRA_PRE_ENCODED, start: Tensor | None = None
+                          ) -> tuple[Tensor, Tensor, EncoderCache]:
+        """One cache-aware step.
+
+        Args:
+            mel: (B, n_mels, T_in): the previous step's last 9 mel frames then the new ones.
+            lengths: (B,) valid mel frames of each row (from the start of the window).
+            cache: the state returned by the previous step (or `init_cache`).
+            drop_extra: subsampled frames to drop at the front (2; NeMo's first chunk uses 0).
+            start: (B,) mel frames at the front that do not exist yet (16 on a stream's first
+                step, 8 on the second at right context 0, else 0); they act as the causal zero
+                padding of the offline pass. None = all exist.
+        Returns: (B, T_out, d), (B,) valid output frames, the next cache.
+        """
+        x, lengths = self.pre_encode(mel.to(self._dtype), lengths, start)
+        if drop_extra:
+            x = x[:, drop_extra:]
+            lengths = (lengths - drop_extra).clamp(min=0)
+        c, t = self.cache_frames, x.shape[1]
+        x, pos = self.pos_enc(x, c + t)
+        pad_mask, att_mask = self._masks(c + t, lengths + c, c - cache.channel_len)
+        pad_mask, att_mask = pad_mask[:, c:], att_mask[:, c:]
+        channels, times = [], []
+        for i, layer in enumerate(self.layers):
+            x, ch, tm = layer(x, pos, att_mask, pad_mask, cache.channel[i], cache.time[i])
+            channels.append(ch)
+            times.append(tm)
+        nxt = EncoderCache(torch.stack(channels), torch.stack(times), (cache.channel_len + t).clamp(max=c))
+        return x, lengths, nxt
+
+    @property
+    def _dtype(self) -> torch.dtype:
+        return self.pre_encode.out.weight.dtype
+
+    def _masks(self, n: int, valid_end: Tensor, valid_start: Tensor | None) -> tuple[Tensor, Tensor]:
+        """pad_mask (B, n) and att_mask (B, n, n), True = masked, over a key axis of n frames
+        where frames [valid_start, valid_end) of each row exist."""
+        left, right = self.att_context
+        chunk = right + 1
+        left_chunks = left // chunk if left >= 0 else 10000
+        idx = torch.arange(n, device=valid_end.device)
+        ci = torch.div(idx, chunk, rounding_mode="trunc")
+        diff = ci[:, None] - ci[None, :]
+        allowed = (diff >= 0) & (diff <= left_chunks)
+        valid = idx[None] < valid_end[:, None]
+        if valid_start is not None:
+            valid = valid & (idx[None] >= valid_start[:, None])
+        att = allowed[None] & valid[:, None, :] & valid[:, :, None]
+        return ~valid, ~att

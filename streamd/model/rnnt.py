@@ -1,0 +1,85 @@
+"""RNN-T prediction network, joint and the optional CTC head (NeMo key names).
+
+Blank is the last label (id V); it embeds to the zero vector and doubles as the start symbol.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from streamd.model.dims import ModelDims
+
+PredictorState = tuple[Tensor, Tensor]  # (h, c), each (L, B, P)
+
+_ACTIVATIONS = {"relu": nn.ReLU, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh}
+
+
+class Predictor(nn.Module):
+    """Embedding(V+1, P, padding_idx=blank) -> LSTM(P, P, L): one label step per call."""
+
+    def __init__(self, dims: ModelDims) -> None:
+        super().__init__()
+        p = dims.pred_hidden
+        self.prediction = nn.Module()
+        self.prediction.embed = nn.Embedding(dims.vocab_size + 1, p, padding_idx=dims.blank_id)
+        self.prediction.dec_rnn = nn.Module()
+        self.prediction.dec_rnn.lstm = nn.LSTM(p, p, dims.pred_rnn_layers)
+
+    def initial_state(self, batch: int, device: torch.device, dtype: torch.dtype) -> PredictorState:
+        lstm = self.prediction.dec_rnn.lstm
+        shape = (lstm.num_layers, batch, lstm.hidden_size)
+        return torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype)
+
+    def forward(self, labels: Tensor, state: PredictorState) -> tuple[Tensor, PredictorState]:
+        """labels: (B,) int64; state: (h, c) each (L, B, P). Returns (B, P) and the new state."""
+        emb = self.prediction.embed(labels).unsqueeze(0)  # (1, B, P) time-major
+        out, (h, c) = self.prediction.dec_rnn.lstm(emb, state)
+        return out[0], (h, c)
+
+    def teacher_forced(self, labels: Tensor) -> Tensor:
+        """labels: (B, U). Returns (B, U+1, P): output after blank, then after each label."""
+        b = labels.shape[0]
+        blank = torch.full((b, 1), self.prediction.embed.padding_idx, dtype=labels.dtype, device=labels.device)
+        emb = self.prediction.embed(torch.cat([blank, labels], 1)).transpose(0, 1)
+        w = self.prediction.embed.weight
+        out, _ = self.prediction.dec_rnn.lstm(emb, self.initial_state(b, w.device, w.dtype))
+        return out.transpose(0, 1)
+
+
+class Joint(nn.Module):
+    """logits = joint_net(enc(f) + pred(g)), split so both projections can be cached."""
+
+    def __init__(self, dims: ModelDims) -> None:
+        super().__init__()
+        j = dims.joint_hidden
+        self.enc = nn.Linear(dims.d_model, j)
+        self.pred = nn.Linear(dims.pred_hidden, j)
+        layers: list[nn.Module] = [_ACTIVATIONS[dims.joint_activation]()]
+        if dims.joint_dropout:
+            layers.append(nn.Dropout(0.0))  # a no-op kept so the output layer is `joint_net.2`
+        layers.append(nn.Linear(j, dims.vocab_size + 1))
+        self.joint_net = nn.Sequential(*layers)
+
+    def project_encoder(self, x: Tensor) -> Tensor:
+        """(B, T, d) -> (B, T, J)."""
+        return self.enc(x)
+
+    def project_predictor(self, g: Tensor) -> Tensor:
+        """(..., P) -> (..., J)."""
+        return self.pred(g)
+
+    def joint_after_projection(self, f: Tensor, g: Tensor) -> Tensor:
+        """f, g: (..., J) broadcastable. Returns unnormalised logits (..., V+1)."""
+        return self.joint_net(f + g)
+
+
+class CTCHead(nn.Module):
+    """Hybrid models' auxiliary CTC decoder: Conv1d(d, V+1, 1) then log_softmax."""
+
+    def __init__(self, dims: ModelDims) -> None:
+        super().__init__()
+        self.decoder_layers = nn.Sequential(nn.Conv1d(dims.d_model, dims.vocab_size + 1, 1))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, T, d) -> log-probs (B, T, V+1)."""
+        return self.decoder_layers(x.transpose(1, 2)).transpose(1, 2).log_softmax(-1)

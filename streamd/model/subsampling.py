@@ -1,0 +1,64 @@
+"""Causal dw_striding subsampling (x8), NeMo `ConvSubsampling` with `causal_downsampling: true`."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from streamd.model.dims import ModelDims
+
+# Each 3x3 stride-2 conv is zero-padded left 2 / right 1 on time AND frequency (NeMo CausalConv2D).
+CAUSAL_PAD = (2, 1, 2, 1)
+
+
+def stage_length(lengths: Tensor) -> Tensor:
+    """Frames after one causal stride-2 stage: (L + 3 - 3) // 2 + 1."""
+    return lengths // 2 + 1
+
+
+class CausalSubsampling(nn.Module):
+    """(B, n_mels, T) log-mel -> (B, T', d_model), T' = T // 8 + 1.
+
+    `conv` indices follow NeMo's state dict: 0 conv, 2/5 depthwise, 3/6 pointwise (1/4/7 ReLU).
+    Rows outside [start, length) are zeroed before every strided conv (NeMo's
+    MaskedConvSequential masks the right end; the left `start` lets a stream's first chunk sit
+    in a uniform-width window exactly as if the conv's own zero padding were there).
+    """
+
+    def __init__(self, dims: ModelDims) -> None:
+        super().__init__()
+        c = dims.subsampling_channels
+        self.conv = nn.Sequential(
+            nn.Conv2d(1, c, 3, stride=2), nn.ReLU(),
+            nn.Conv2d(c, c, 3, stride=2, groups=c), nn.Conv2d(c, c, 1), nn.ReLU(),
+            nn.Conv2d(c, c, 3, stride=2, groups=c), nn.Conv2d(c, c, 1), nn.ReLU(),
+        )
+        freq = dims.features.n_mels
+        for _ in range(3):
+            freq = freq // 2 + 1
+        self.out = nn.Linear(c * freq, dims.d_model)
+
+    def forward(self, mel: Tensor, lengths: Tensor, start: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Args:
+            mel: (B, n_mels, T); lengths: (B,) valid frames; start: (B,) first valid frame, a
+            multiple of 8 (default 0).
+        Returns: (B, T', d_model) and (B,) output lengths."""
+        x = mel.transpose(1, 2).unsqueeze(1)  # (B, 1, T, F)
+        for i, layer in enumerate(self.conv):
+            if i in (0, 2, 5):
+                x = F.pad(x * _row_mask(x, lengths, start), CAUSAL_PAD)
+                lengths = stage_length(lengths)
+                start = None if start is None else start // 2
+            x = layer(x)
+        x = x * _row_mask(x, lengths, start)
+        b, c, t, f = x.shape
+        return self.out(x.transpose(1, 2).reshape(b, t, c * f)), lengths
+
+
+def _row_mask(x: Tensor, lengths: Tensor, start: Tensor | None) -> Tensor:
+    """(B, 1, T, 1) mask of the valid time rows of a (B, C, T, F) activation."""
+    t = torch.arange(x.shape[2], device=x.device)
+    valid = t[None] < lengths[:, None]
+    if start is not None:
+        valid = valid & (t[None] >= start[:, None])
+    return valid[:, None, :, None].to(x.dtype)
