@@ -5,6 +5,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from streamd.errors import StreamdError
+
 
 def _context(text: str) -> tuple[int, int]:
     try:
@@ -36,21 +38,44 @@ def _run_decode(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    from streamd.config import add_arguments
+
+    p = sub.add_parser("serve", help="run the daemon (websocket API, health, metrics)")
+    add_arguments(p)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from streamd import log as logsetup
+    from streamd.config import load_config
+    from streamd.server.app import App, build_state
+    from streamd.server.metrics import Metrics
+
+    cfg = load_config(args)
+    logsetup.configure(cfg.log.level, cfg.log.format)
+    app = App(build_state(cfg, Metrics()))
+    asyncio.run(app.serve())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streamd", description="Real-time streaming speech recognition.")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_decode(sub)
+    _add_serve(sub)
     return parser
 
 
-COMMANDS = {"decode": _run_decode}
+COMMANDS = {"decode": _run_decode, "serve": _run_serve}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, StreamdError) as e:
         print(f"streamd {args.command}: error: {e}", file=sys.stderr)
         return 2
 

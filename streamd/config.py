@@ -1,0 +1,420 @@
+"""Daemon settings: frozen dataclasses and their loading.
+
+Precedence, highest first: command-line flags, ``STREAMD_*`` environment
+variables, the TOML file, built-in defaults. Every setting has one TOML key
+(``[section] key``), one flag and one environment variable, listed in
+``SETTINGS``. This module must not import torch or websockets: ``device="auto"``
+is resolved by the caller through :meth:`EngineConfig.resolved_device`.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import math
+import os
+import re
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised only on Python 3.10
+    import tomli as tomllib
+
+from streamd.errors import ConfigError
+
+
+DEFAULT_CONFIG_PATH = Path("/etc/streamd/streamd.toml")
+ENV_PREFIX = "STREAMD_"
+MAX_ENDPOINT_MS = 3_600_000
+
+_DTYPE_ALIASES = {"fp32": "fp32", "float32": "fp32", "float": "fp32", "bf16": "bf16", "bfloat16": "bf16",
+                  "fp16": "fp16", "float16": "fp16", "half": "fp16"}
+TORCH_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+LOG_FORMATS = ("text", "json")
+_DEVICE_RE = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+class _InvalidSetting(ConfigError):
+    """One setting (``section.key``) failed validation; the loader adds where it came from."""
+
+    def __init__(self, setting: str, message: str) -> None:
+        super().__init__(message)
+        self.setting = setting
+
+
+def _require(ok: bool, setting: str, rule: str, value: object) -> None:
+    if not ok:
+        raise _InvalidSetting(setting, f"{setting} {rule}, got {value!r}")
+
+
+def normalize_dtype(value: str) -> str:
+    """Map ``fp32|bf16|fp16`` or a torch name (``bfloat16``...) to ``fp32|bf16|fp16``."""
+    try:
+        return _DTYPE_ALIASES[value.strip().lower().removeprefix("torch.")]
+    except KeyError:
+        raise ValueError(f"unknown dtype {value!r}; use fp32, bf16 or fp16") from None
+
+
+def normalize_device(value: str) -> str:
+    """Validate ``auto``, ``cpu``, ``cuda`` or ``cuda:N``; ``cuda`` becomes ``cuda:0``."""
+    device = value.strip().lower()
+    if not _DEVICE_RE.fullmatch(device):
+        raise ValueError(f"unknown device {value!r}; use auto, cpu or cuda:N")
+    return "cuda:0" if device == "cuda" else device
+
+
+def default_admin_socket(environ: Mapping[str, str]) -> Path:
+    """``$RUNTIME_DIRECTORY/admin.sock`` under systemd, else ``$XDG_RUNTIME_DIR/streamd/``, else ``/run/streamd/``."""
+    runtime = environ.get("RUNTIME_DIRECTORY", "").split(":")[0]
+    if runtime:
+        return Path(runtime) / "admin.sock"
+    xdg = environ.get("XDG_RUNTIME_DIR", "")
+    base = Path(xdg) / "streamd" if xdg else Path("/run/streamd")
+    return base / "admin.sock"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Websocket listener, limits and timeouts."""
+
+    host: str = "127.0.0.1"
+    port: int = 8765
+    max_streams: int = 64
+    max_message_bytes: int = 1 << 20
+    idle_timeout_s: float = 30.0
+    max_session_s: float = 4 * 3600.0
+    drain_timeout_s: float = 30.0
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+
+    def __post_init__(self) -> None:
+        _require(bool(self.host), "server.host", "must not be empty", self.host)
+        _require(0 <= self.port <= 65535, "server.port", "must be in 0..65535", self.port)
+        _require(self.max_streams >= 1, "server.max_streams", "must be at least 1", self.max_streams)
+        _require(self.max_message_bytes >= 1024, "server.max_message_bytes", "must be at least 1024",
+                 self.max_message_bytes)
+        _require(self.idle_timeout_s > 0, "server.idle_timeout_s", "must be positive", self.idle_timeout_s)
+        _require(self.max_session_s > 0, "server.max_session_s", "must be positive", self.max_session_s)
+        _require(self.drain_timeout_s >= 0, "server.drain_timeout_s", "must not be negative",
+                 self.drain_timeout_s)
+        _require(self.tls_key is None or self.tls_cert is not None, "server.tls_key",
+                 "needs server.tls_cert as well", str(self.tls_key))
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Model, placement and batching.
+
+    ``right_context`` is the attention right context R in encoder frames
+    (80 ms each): lookahead R*80 ms, chunk (R+1)*80 ms; None keeps the model's.
+    """
+
+    model: Path | None = None
+    device: str = "auto"
+    dtype: str = "fp32"
+    right_context: int | None = None
+    batch_wait_ms: int = 10
+
+    def __post_init__(self) -> None:
+        for key, normalize in (("device", normalize_device), ("dtype", normalize_dtype)):
+            try:
+                object.__setattr__(self, key, normalize(getattr(self, key)))
+            except ValueError as err:
+                raise _InvalidSetting(f"engine.{key}", f"engine.{key}: {err}") from None
+        _require(self.right_context is None or self.right_context >= 0, "engine.right_context",
+                 "must not be negative", self.right_context)
+        _require(0 <= self.batch_wait_ms <= 1000, "engine.batch_wait_ms", "must be in 0..1000", self.batch_wait_ms)
+
+    @property
+    def torch_dtype(self) -> str:
+        """The torch attribute name of ``dtype`` (``getattr(torch, cfg.torch_dtype)``)."""
+        return TORCH_DTYPE_NAMES[self.dtype]
+
+    def resolved_device(self, cuda_available: bool) -> str:
+        """The concrete device: ``auto`` becomes ``cuda:0`` or ``cpu``."""
+        if self.device != "auto":
+            return self.device
+        return "cuda:0" if cuda_available else "cpu"
+
+
+@dataclass(frozen=True)
+class EndpointingConfig:
+    """Server-wide endpoint rules in milliseconds; 0 disables a rule.
+
+    See ``docs/protocol.md`` (Endpointing) and ``streamd.engine.endpoint``.
+    """
+
+    silence_after_speech_ms: int = 800
+    silence_without_speech_ms: int = 5000
+    max_utterance_ms: int = 30_000
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            _require(0 <= value <= MAX_ENDPOINT_MS, f"endpointing.{f.name}", f"must be in 0..{MAX_ENDPOINT_MS}", value)
+
+    @property
+    def enabled(self) -> bool:
+        """True when at least one rule is active."""
+        return any(getattr(self, f.name) for f in fields(self))
+
+
+@dataclass(frozen=True)
+class AdminConfig:
+    """Admin control plane: a unix socket (None = off) and optional token-protected TCP."""
+
+    socket: Path | None = Path("/run/streamd/admin.sock")
+    host: str = "127.0.0.1"
+    port: int | None = None
+    token_file: Path | None = None
+
+    def __post_init__(self) -> None:
+        _require(self.port is None or 1 <= self.port <= 65535, "admin.port", "must be in 1..65535", self.port)
+        _require(self.port is None or self.token_file is not None, "admin.token_file",
+                 "is required when admin.port is set", None)
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """Log level and line format."""
+
+    level: str = "info"
+    format: str = "text"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "level", self.level.lower())
+        _require(self.level in LOG_LEVELS, "log.level", f"must be one of {', '.join(LOG_LEVELS)}", self.level)
+        _require(self.format in LOG_FORMATS, "log.format", "must be text or json", self.format)
+
+
+@dataclass(frozen=True)
+class Config:
+    """All daemon settings; ``config_file`` is the TOML file they were read from, if any."""
+
+    server: ServerConfig = field(default_factory=ServerConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    endpointing: EndpointingConfig = field(default_factory=EndpointingConfig)
+    admin: AdminConfig = field(default_factory=AdminConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    config_file: Path | None = None
+
+
+_SECTIONS: dict[str, type[Any]] = {
+    "server": ServerConfig, "engine": EngineConfig, "endpointing": EndpointingConfig,
+    "admin": AdminConfig, "log": LogConfig,
+}
+_MISSING = object()
+
+
+def _to_int(value: object) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
+        return int(value)
+    raise ValueError(f"expected an integer, got {value!r}")
+
+
+def _to_float(value: object) -> float:
+    try:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ValueError
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"expected a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise ValueError(f"expected a finite number, got {value!r}")
+    return number
+
+
+def _to_str(value: object) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string, got {value!r}")
+    return value
+
+
+def _to_path(value: object) -> Path | None:
+    text = _to_str(value)
+    return Path(text).expanduser() if text else None
+
+
+def _to_optional_int(value: object) -> int | None:
+    return None if value == "" else _to_int(value)
+
+
+_METAVARS: dict[Callable[[object], Any], str] = {
+    _to_int: "N", _to_optional_int: "N", _to_float: "SECONDS", _to_str: "TEXT", _to_path: "PATH",
+}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting: its TOML place, flag/env name, converter and help text."""
+
+    section: str
+    key: str
+    convert: Callable[[object], Any]
+    help: str
+    default_text: str = ""
+
+    @property
+    def name(self) -> str:
+        """Flag and environment name: the key, prefixed with the section for admin and log."""
+        return f"{self.section}_{self.key}" if self.section in ("admin", "log") else self.key
+
+    @property
+    def metavar(self) -> str:
+        return _METAVARS[self.convert]
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+    def default(self) -> str:
+        if self.default_text:
+            return self.default_text
+        value = {f.name: f.default for f in fields(_SECTIONS[self.section])}[self.key]
+        return "unset" if value is None else str(value)
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("server", "host", _to_str, "address to listen on"),
+    Setting("server", "port", _to_int, "websocket port (0 picks a free port)"),
+    Setting("server", "max_streams", _to_int, "concurrent streams before refusing"),
+    Setting("server", "max_message_bytes", _to_int, "largest websocket message"),
+    Setting("server", "idle_timeout_s", _to_float, "close a stream idle (no audio, no keepalive) this long"),
+    Setting("server", "max_session_s", _to_float, "longest session"),
+    Setting("server", "drain_timeout_s", _to_float, "on shutdown, how long open streams may finish"),
+    Setting("server", "tls_cert", _to_path, "TLS certificate chain (PEM); enables wss://"),
+    Setting("server", "tls_key", _to_path, "TLS private key (PEM) if not in tls_cert"),
+    Setting("engine", "model", _to_path, "model file (.nemo or .pt)", "the shipped model"),
+    Setting("engine", "device", _to_str, "auto, cpu, cuda or cuda:N"),
+    Setting("engine", "dtype", _to_str, "fp32, bf16 or fp16"),
+    Setting("engine", "right_context", _to_optional_int,
+            "attention right context in 80 ms encoder frames (lookahead)", "the model's"),
+    Setting("engine", "batch_wait_ms", _to_int, "how long a decode step waits for more streams"),
+    Setting("endpointing", "silence_after_speech_ms", _to_int,
+            "end an utterance after this much silence following speech (0 = off)"),
+    Setting("endpointing", "silence_without_speech_ms", _to_int,
+            "discard an utterance with no speech after this much silence (0 = off)"),
+    Setting("endpointing", "max_utterance_ms", _to_int, "cut an utterance at this length (0 = off)"),
+    Setting("admin", "socket", _to_path, "admin unix socket ('' = off)",
+            "$RUNTIME_DIRECTORY/admin.sock, $XDG_RUNTIME_DIR/streamd/admin.sock or "
+            "/run/streamd/admin.sock"),
+    Setting("admin", "host", _to_str, "admin TCP address"),
+    Setting("admin", "port", _to_optional_int, "admin TCP port (needs a token file)", "off"),
+    Setting("admin", "token_file", _to_path, "file holding the admin bearer token"),
+    Setting("log", "level", _to_str, "debug, info, warning, error or critical"),
+    Setting("log", "format", _to_str, "text or json"),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--config`` and one flag per setting; unset flags stay out of the namespace."""
+    parser.add_argument(
+        "--config", metavar="PATH", default=argparse.SUPPRESS,
+        help=f"TOML config file ('' = none) [env {ENV_PREFIX}CONFIG; default: "
+             f"{DEFAULT_CONFIG_PATH} if it exists]")
+    groups = {name: parser.add_argument_group(f"{name} settings") for name in _SECTIONS}
+    for s in SETTINGS:
+        groups[s.section].add_argument(
+            s.flag, dest=s.name, metavar=s.metavar, default=argparse.SUPPRESS,
+            help=f"{s.help} [env {s.env}; default: {s.default()}]".replace("%", "%%"))
+
+
+def load_config(args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None,
+                *, default_path: Path = DEFAULT_CONFIG_PATH) -> Config:
+    """Build the Config from parsed flags, environment variables and the TOML file.
+
+    Raises:
+        ConfigError: naming the bad setting and where its value came from.
+    """
+    env = os.environ if environ is None else environ
+    flags = vars(args) if args is not None else {}
+    path = _config_path(flags, env, default_path)
+    table = _read_toml(path) if path else {}
+    values: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
+    origins: dict[str, str] = {}
+    for s in SETTINGS:
+        raw, origin, in_file = _lookup(s, flags, env, table, path)
+        if raw is _MISSING:
+            continue
+        try:
+            value = s.convert(raw)
+        except ValueError as err:
+            raise ConfigError(f"{origin}: {err}") from None
+        if isinstance(value, Path) and in_file and path is not None:
+            value = path.parent / value  # relative paths in the file are relative to the file
+        values[s.section][s.key] = value
+        origins[f"{s.section}.{s.key}"] = origin
+    values["admin"].setdefault("socket", default_admin_socket(env))
+    try:
+        sections = {name: cls(**values[name]) for name, cls in _SECTIONS.items()}
+    except _InvalidSetting as err:
+        source = origins.get(err.setting)
+        raise ConfigError(f"{err} (from {source})" if source else str(err)) from None
+    cfg = Config(**sections, config_file=path)
+    _check_files(cfg, origins)
+    return cfg
+
+
+def _config_path(flags: Mapping[str, Any], env: Mapping[str, str], default: Path) -> Path | None:
+    explicit = flags.get("config", env.get(ENV_PREFIX + "CONFIG"))
+    if explicit is None:
+        return default if default.is_file() else None
+    return Path(explicit).expanduser() if explicit else None
+
+
+def _lookup(s: Setting, flags: Mapping[str, Any], env: Mapping[str, str],
+            table: Mapping[str, Mapping[str, object]], path: Path | None) -> tuple[object, str, bool]:
+    """The highest-precedence raw value, a description of its origin, and whether it is from the file."""
+    if s.name in flags:
+        return flags[s.name], s.flag, False
+    if s.env in env:
+        return env[s.env], s.env, False
+    section = table.get(s.section, {})
+    if s.key in section:
+        return section[s.key], f"{path} [{s.section}] {s.key}", True
+    return _MISSING, "", False
+
+
+def _read_toml(path: Path) -> dict[str, dict[str, object]]:
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} not found") from None
+    except OSError as err:
+        raise ConfigError(f"cannot read config file {path}: {err.strerror}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path}: invalid TOML: {err}") from None
+    known = {name: {s.key for s in SETTINGS if s.section == name} for name in _SECTIONS}
+    for name, section in data.items():
+        if name not in known:
+            raise ConfigError(f"{path}: unknown section [{name}]{_suggest(name, known)}")
+        if not isinstance(section, dict):
+            raise ConfigError(f"{path}: [{name}] must be a table")
+        for key in section:
+            if key not in known[name]:
+                raise ConfigError(f"{path}: unknown setting [{name}] {key}{_suggest(key, known[name])}")
+    return data
+
+
+def _suggest(word: str, choices: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _check_files(cfg: Config, origins: Mapping[str, str]) -> None:
+    for setting, path in (("engine.model", cfg.engine.model), ("server.tls_cert", cfg.server.tls_cert),
+                          ("server.tls_key", cfg.server.tls_key), ("admin.token_file", cfg.admin.token_file)):
+        if path is not None and not path.exists():
+            raise ConfigError(f"{setting}: no such file {path} (from {origins[setting]})")

@@ -1,0 +1,183 @@
+"""The asyncio side of the engine: one dedicated thread runs every model call.
+
+The event loop never touches tensors. It posts audio and commands to an inbox; the engine thread
+drains it, runs a step as soon as streams have a full chunk (waiting at most `batch_wait_s` for
+more streams to fill the batch), and posts each stream's results back to its session's queue
+with `call_soon_threadsafe`. No polling: the thread sleeps on a condition variable.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from streamd.engine.recognizer import ChunkResult, Recognizer
+from streamd.engine.stream import Stream
+
+log = logging.getLogger("streamd.engine")
+
+StepObserver = Callable[[float, int], None]  # (seconds, batch size)
+
+
+class StreamFailed(RuntimeError):
+    """The engine could not process this stream's audio (the step raised)."""
+
+
+@dataclass(eq=False)
+class EngineSession:
+    """Loop-side handle of one stream. `results` yields ChunkResults, then None when the stream
+    has been flushed (after `end`), or a StreamFailed."""
+
+    results: asyncio.Queue[ChunkResult | StreamFailed | None] = field(default_factory=asyncio.Queue)
+    stream: Stream | None = None  # owned by the engine thread
+    closed: bool = False
+
+
+class Engine:
+    def __init__(self, recognizer: Recognizer, max_batch: int, batch_wait_s: float,
+                 on_step: StepObserver | None = None) -> None:
+        self.recognizer = recognizer
+        self.max_batch, self.batch_wait_s = max_batch, batch_wait_s
+        self._on_step = on_step
+        self._cond = threading.Condition()
+        self._inbox: deque[tuple[str, EngineSession | None, Any]] = deque()
+        self._live: list[EngineSession] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    # -- loop side -----------------------------------------------------------------------------
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="streamd-engine", daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        self._post("stop", None, None)
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+
+    async def open(self) -> EngineSession:
+        """A new stream with its own slot; raises CapacityError when all slots are taken."""
+        session = EngineSession()
+        await self.call(lambda rec: self._open(session))
+        return session
+
+    def push(self, session: EngineSession, samples: np.ndarray) -> None:
+        """Queue float32 mono samples at the model rate."""
+        if samples.size:
+            self._post("audio", session, samples)
+
+    def end(self, session: EngineSession) -> None:
+        """No more audio: flush what is left; `results` then ends with None."""
+        self._post("end", session, None)
+
+    def close(self, session: EngineSession) -> None:
+        """Release the stream now (client gone); pending audio is dropped."""
+        if not session.closed:
+            session.closed = True
+            self._post("close", session, None)
+
+    async def call(self, fn: Callable[[Recognizer], Any]) -> Any:
+        """Run fn(recognizer) on the engine thread between two steps; returns its result."""
+        fut: Future[Any] = Future()
+        self._post("call", None, (fn, fut))
+        return await asyncio.wrap_future(fut)
+
+    def _post(self, kind: str, session: EngineSession | None, payload: Any) -> None:
+        with self._cond:
+            self._inbox.append((kind, session, payload))
+            self._cond.notify()
+
+    # -- engine thread -------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            self._drain(block=not self._ready())
+            if self._stopping:
+                break
+            ready = self._ready()
+            if not ready:
+                continue
+            deadline = time.monotonic() + self.batch_wait_s
+            target = min(self.max_batch, sum(1 for s in self._live if s.stream is not None))
+            while len(ready) < target and (left := deadline - time.monotonic()) > 0:
+                self._drain(block=True, timeout=left)
+                ready = self._ready()
+            self._step(ready[: self.max_batch])
+        for s in list(self._live):
+            self._release(s)
+
+    def _drain(self, block: bool, timeout: float | None = None) -> None:
+        with self._cond:
+            if block and not self._inbox:
+                self._cond.wait(timeout)
+            items = list(self._inbox)
+            self._inbox.clear()
+        for kind, session, payload in items:
+            self._apply(kind, session, payload)
+
+    def _apply(self, kind: str, session: EngineSession | None, payload: Any) -> None:
+        if kind == "stop":
+            self._stopping = True
+        elif kind == "call":
+            fn, fut = payload
+            try:
+                fut.set_result(fn(self.recognizer))
+            except BaseException as e:  # handed to the awaiting coroutine
+                fut.set_exception(e)
+        elif session is None or session.stream is None:
+            return  # a closed or failed stream: late audio is ignored
+        elif kind == "audio":
+            session.stream.push_audio(payload)
+        elif kind == "end":
+            session.stream.end()
+            self._finish_if_done(session)
+        elif kind == "close":
+            self._release(session)
+
+    def _open(self, session: EngineSession) -> None:
+        session.stream = self.recognizer.open()
+        self._live.append(session)
+
+    def _ready(self) -> list[EngineSession]:
+        return [s for s in self._live if s.stream is not None and s.stream.ready]
+
+    def _step(self, batch: list[EngineSession]) -> None:
+        t0 = time.perf_counter()
+        try:
+            results = self.recognizer.step([s.stream for s in batch if s.stream is not None])
+        except Exception as e:
+            log.exception("engine step failed for %d streams", len(batch))
+            for s in batch:
+                self._deliver(s, StreamFailed(f"engine step failed: {e}"))
+                self._release(s)
+            return
+        if self._on_step is not None:
+            self._on_step(time.perf_counter() - t0, len(batch))
+        for s, r in zip(batch, results):
+            self._deliver(s, r)
+            self._finish_if_done(s)
+
+    def _finish_if_done(self, session: EngineSession) -> None:
+        if session.stream is not None and session.stream.finished:
+            self._deliver(session, None)
+            self._release(session)
+
+    def _release(self, session: EngineSession) -> None:
+        if session.stream is not None:
+            self.recognizer.close(session.stream)
+            session.stream = None
+        if session in self._live:
+            self._live.remove(session)
+
+    def _deliver(self, session: EngineSession, item: ChunkResult | StreamFailed | None) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(session.results.put_nowait, item)

@@ -1,0 +1,79 @@
+"""Cut a stream's token sequence into utterances: partial and final results.
+
+Decoding is continuous across utterances (the decoder state is never reset), so the tokens of
+all utterances of a stream, concatenated, are exactly what `streamd decode --streaming` gives
+for the same audio. Endpointing only decides where one utterance ends and the next begins.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from streamd.config import EndpointingConfig
+from streamd.engine.endpoint import Endpointer, EndpointRule
+from streamd.engine.recognizer import ChunkResult
+
+REASONS = {EndpointRule.SILENCE_AFTER_SPEECH: "endpoint", EndpointRule.MAX_UTTERANCE: "max_utterance"}
+
+
+@dataclass
+class Utterance:
+    """Tokens (ids) and their encoder-frame times; frames [start, end) the utterance spans."""
+
+    index: int
+    tokens: list[int]
+    times: list[int]
+    start: int
+    end: int
+    reason: str = ""
+    final: bool = False
+
+
+@dataclass
+class UtteranceTracker:
+    rules: EndpointingConfig
+    index: int = 0
+    tokens: list[int] = field(default_factory=list)
+    times: list[int] = field(default_factory=list)
+    endpointer: Endpointer = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.endpointer = Endpointer(self.rules)
+
+    @property
+    def start(self) -> int:
+        return self.endpointer.utterance_start
+
+    def on_chunk(self, result: ChunkResult) -> list[Utterance]:
+        """Finals closed by endpoints inside this chunk, then the open utterance as a partial
+        (only if it has tokens)."""
+        self.tokens += result.tokens
+        self.times += result.times
+        emitted = set(result.times)
+        flags = [t in emitted for t in range(result.frame_start, result.frame_end)]
+        out: list[Utterance] = []
+        while (end := self.endpointer.update(flags[self.endpointer.position - result.frame_start:])) is not None:
+            rule = self.endpointer.fired
+            closed = self._cut(end + 1, REASONS.get(rule, "endpoint") if rule else "endpoint")
+            if closed is not None:
+                out.append(closed)
+        if self.tokens:
+            out.append(Utterance(self.index, list(self.tokens), list(self.times), self.start, result.frame_end))
+        return out
+
+    def close(self, reason: str, end_frame: int) -> Utterance | None:
+        """Close the open utterance (finalize or end of stream); None if it has no tokens."""
+        closed = self._cut(end_frame, reason)
+        self.endpointer.position = max(self.endpointer.position, end_frame)
+        self.endpointer.reset()
+        return closed
+
+    def _cut(self, end: int, reason: str) -> Utterance | None:
+        n = sum(1 for t in self.times if t < end)
+        toks, times = self.tokens[:n], self.times[:n]
+        start = self.start
+        self.tokens, self.times = self.tokens[n:], self.times[n:]
+        if not toks:
+            return None
+        u = Utterance(self.index, toks, times, start, end, reason, final=True)
+        self.index += 1
+        return u

@@ -1,0 +1,102 @@
+"""The streamd exception tree.
+
+Every error a client can see has a stable ``code`` (sent in the protocol's
+``error`` message) and, where the error ends a websocket session, the
+``close_code`` the server closes with. The handler maps exceptions to close
+frames; this module holds no handling logic.
+"""
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class StreamdError(Exception):
+    """Base class of every error streamd raises on purpose.
+
+    Attributes:
+        code: machine-readable identifier, e.g. ``"protocol_violation"``.
+        close_code: websocket close code for errors that end a session, else None.
+    """
+
+    code: ClassVar[str] = "error"
+    close_code: ClassVar[int | None] = None
+
+    @property
+    def message(self) -> str:
+        """The human-readable message (the first constructor argument)."""
+        return str(self.args[0]) if self.args else self.code
+
+
+class ConfigError(StreamdError):
+    """Invalid settings from flags, environment or the TOML file."""
+
+    code = "config_error"
+
+
+class ProtocolViolation(StreamdError):
+    """The client broke the protocol: bad JSON, unknown type, bad field, wrong order."""
+
+    code = "protocol_violation"
+    close_code = 1008
+
+
+class MessageTooBig(StreamdError):
+    """A websocket message exceeded ``max_message_bytes``."""
+
+    code = "message_too_big"
+    close_code = 1009
+
+
+class UnsupportedAudio(StreamdError):
+    """Audio the server cannot accept: encoding, rate, channels, NaN/inf samples."""
+
+    code = "unsupported_audio"
+    close_code = 1003
+
+
+class Unauthorized(StreamdError):
+    """Missing or wrong credentials."""
+
+    code = "unauthorized"
+    close_code = 1008
+
+
+class IdleTimeout(StreamdError):
+    """No audio and no keepalive for ``idle_timeout_s``."""
+
+    code = "idle_timeout"
+    close_code = 1008
+
+
+class SessionExpired(StreamdError):
+    """The session ran longer than ``max_session_s``."""
+
+    code = "session_expired"
+    close_code = 1008
+
+
+class Overloaded(StreamdError):
+    """No capacity for another stream; retry later."""
+
+    code = "overloaded"
+    close_code = 1013
+
+
+class ModelUnavailable(StreamdError):
+    """The model failed to load or is not on any device."""
+
+    code = "model_unavailable"
+    close_code = 1011
+
+
+class InternalError(StreamdError):
+    """An unexpected server fault (a bug or a device failure)."""
+
+    code = "internal_error"
+    close_code = 1011
+
+
+class MigrationError(StreamdError):
+    """A live migration to another device or dtype failed; streams stay where they were."""
+
+    code = "migration_failed"

@@ -1,0 +1,158 @@
+"""The daemon's lifecycle: load and warm the model, serve websockets plus health and metrics on
+one port, drain on SIGTERM/SIGINT."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import ssl
+from http import HTTPStatus
+from typing import Any
+
+import numpy as np
+import torch
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.http11 import Request, Response
+
+from streamd import systemd
+from streamd.config import Config
+from streamd.decoding.greedy import GreedyLabelLooping
+from streamd.engine.placement import DTYPE_NAMES, move_model, parse_device, parse_dtype
+from streamd.engine.recognizer import Recognizer
+from streamd.engine.scheduler import Engine
+from streamd.model.checkpoint import load_model, resolve_model_path
+from streamd.server.handler import Connection, ServerState
+from streamd.server.metrics import CONTENT_TYPE, Metrics
+from streamd.server.protocol import STREAM_PATH
+
+log = logging.getLogger("streamd.server")
+
+
+def build_state(cfg: Config, metrics: Metrics) -> ServerState:
+    """Load the model where the config says and wrap it in an engine (not started)."""
+    e = cfg.engine
+    loaded = load_model(resolve_model_path(e.model))
+    device = parse_device(e.resolved_device(torch.cuda.is_available()))
+    dtype = parse_dtype(e.dtype)
+    move_model(loaded.model, device, dtype)
+    m = loaded.model
+    decoder = GreedyLabelLooping(m.decoder, m.joint, m.dims.blank_id)
+    rec = Recognizer(m, decoder, cfg.server.max_streams, e.right_context)
+    chunk_s = rec.geometry.chunk_ms / 1000
+
+    def on_step(seconds: float, batch: int) -> None:
+        metrics.observe_step(seconds, batch, chunk_s)
+
+    engine = Engine(rec, cfg.server.max_streams, e.batch_wait_ms / 1000, on_step)
+    metrics.set_model(loaded.name, str(device), DTYPE_NAMES[dtype])
+    return ServerState(cfg, engine, loaded.tokenizer, metrics, loaded.name, str(device), DTYPE_NAMES[dtype])
+
+
+async def warm_up(engine: Engine) -> None:
+    """One chunk of silence through the whole pipeline, so the first client does not pay for it."""
+    session = await engine.open()
+    engine.push(session, np.zeros(16000 * 2, dtype=np.float32))
+    engine.end(session)
+    while await session.results.get() is not None:
+        pass
+
+
+def _response(status: HTTPStatus, body: bytes, content_type: str = "text/plain; charset=utf-8",
+              extra: dict[str, str] | None = None) -> Response:
+    headers = Headers({"Content-Type": content_type, "Content-Length": str(len(body))})
+    for k, v in (extra or {}).items():
+        headers[k] = v
+    return Response(status.value, status.phrase, headers, body)
+
+
+class App:
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+        self.ready = False
+
+    def process_request(self, conn: ServerConnection, request: Request) -> Response | None:
+        """HTTP routes on the websocket port; None lets a stream handshake proceed."""
+        path = request.path.split("?", 1)[0]
+        if path == "/livez":
+            return _response(HTTPStatus.OK, b"ok\n")
+        if path == "/readyz":
+            if self.ready and not self.state.shutdown.is_set():
+                return _response(HTTPStatus.OK, b"ready\n")
+            return _response(HTTPStatus.SERVICE_UNAVAILABLE, b"not ready\n")
+        if path == "/metrics":
+            return _response(HTTPStatus.OK, self.state.metrics.render(), CONTENT_TYPE)
+        if path != STREAM_PATH:
+            return _response(HTTPStatus.NOT_FOUND, b"not found\n")
+        if self.state.shutdown.is_set() or not self.ready:
+            self.state.metrics.rejections.labels(reason="draining").inc()
+            return _response(HTTPStatus.SERVICE_UNAVAILABLE, b"draining\n", extra={"Retry-After": "5"})
+        if len(self.state.live) >= self.state.config.server.max_streams:
+            self.state.metrics.rejections.labels(reason="overloaded").inc()
+            return _response(HTTPStatus.SERVICE_UNAVAILABLE, b"at capacity\n", extra={"Retry-After": "1"})
+        return None
+
+    async def handler(self, ws: ServerConnection) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.state.live.add(task)  # type: ignore[arg-type]
+        self.state.metrics.connections.inc()
+        self.state.metrics.streams_active.inc()
+        try:
+            await Connection(ws, self.state).run()
+        finally:
+            self.state.live.discard(task)  # type: ignore[arg-type]
+            self.state.metrics.streams_active.dec()
+
+    async def serve(self, started: asyncio.Future[int] | None = None) -> None:
+        """Run until SIGTERM/SIGINT (or `state.shutdown` is set); `started` receives the port."""
+        cfg = self.state.config.server
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self.state.shutdown.set)
+            except (RuntimeError, ValueError):  # not the main thread (tests)
+                pass
+        notifier = systemd.Notifier()
+        self.state.engine.start()
+        await warm_up(self.state.engine)
+        tls = _tls_context(cfg.tls_cert, cfg.tls_key)
+        async with serve(self.handler, cfg.host, cfg.port, process_request=self.process_request,
+                         max_size=cfg.max_message_bytes, compression=None, ssl=tls) as server:
+            port = _bound_port(server)
+            self.ready = True
+            log.info("serving %s on %s://%s:%d%s (%s, %s)", self.state.model_name, "wss" if tls else "ws",
+                     cfg.host, port, STREAM_PATH, self.state.device, self.state.dtype)
+            notifier.ready(f"serving on port {port}")
+            if started is not None:
+                started.set_result(port)
+            watchdog = asyncio.create_task(_watchdog(notifier))
+            await self.state.shutdown.wait()
+            notifier.stopping(f"draining {len(self.state.live)} streams")
+            log.info("draining %d streams", len(self.state.live))
+            server.close(close_connections=False)
+            if self.state.live:
+                await asyncio.wait(set(self.state.live), timeout=cfg.drain_timeout_s)
+            watchdog.cancel()
+        await self.state.engine.stop()
+
+
+async def _watchdog(notifier: systemd.Notifier) -> None:
+    interval = notifier.watchdog_interval
+    if interval is None:
+        return
+    while True:
+        notifier.watchdog()
+        await asyncio.sleep(interval)
+
+
+def _bound_port(server: Server) -> int:
+    return int(next(iter(server.sockets)).getsockname()[1])
+
+
+def _tls_context(cert: Any, key: Any) -> ssl.SSLContext | None:
+    if cert is None:
+        return None
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(str(cert), str(key) if key else None)
+    return ctx

@@ -1,0 +1,215 @@
+"""One websocket connection: receive audio and controls, send partials and finals.
+
+Two tasks per connection: the receiver (this coroutine) decodes PCM and feeds the engine; the
+sender turns engine results into protocol messages. A stream is one or more engine *segments*:
+`finalize` flushes the current segment and starts a new one, so the utterance it closes
+includes all audio sent before it.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import numpy as np
+from websockets.asyncio.server import ServerConnection
+from websockets.exceptions import ConnectionClosed
+
+from streamd.audio.pcm import PcmDecoder
+from streamd.config import Config
+from streamd.decoding.tokenizer import Tokenizer
+from streamd.engine.endpoint import FRAME_MS
+from streamd.engine.recognizer import CapacityError, ChunkResult
+from streamd.engine.scheduler import Engine, EngineSession, StreamFailed
+from streamd.engine.utterances import Utterance, UtteranceTracker
+from streamd.errors import IdleTimeout, InternalError, Overloaded, SessionExpired, StreamdError
+from streamd.server import protocol as p
+from streamd.server.metrics import Metrics
+
+log = logging.getLogger("streamd.server")
+FRAME_S = FRAME_MS / 1000
+
+
+@dataclass
+class ServerState:
+    """What every connection shares."""
+
+    config: Config
+    engine: Engine
+    tokenizer: Tokenizer
+    metrics: Metrics
+    model_name: str
+    device: str
+    dtype: str
+    shutdown: asyncio.Event = field(default_factory=asyncio.Event)
+    live: set[asyncio.Task[None]] = field(default_factory=set)
+
+
+@dataclass
+class Segment:
+    session: EngineSession
+    offset_s: float  # stream time at which this segment's audio starts
+    end_reason: str = "end_of_stream"
+
+
+class Connection:
+    def __init__(self, ws: ServerConnection, state: ServerState) -> None:
+        self.ws, self.state = ws, state
+        self.proto = p.SessionProtocol()
+        self.id = uuid.uuid4().hex[:12]
+        self.segments: asyncio.Queue[Segment | None] = asyncio.Queue()
+        self.utterance = 0
+        self.partials = 0
+        self.last_partial: tuple[int, str] = (-1, "")
+        self.samples_in = 0  # 16 kHz samples handed to the engine
+        self.started = time.monotonic()
+        self.start: p.Start | None = None
+
+    async def run(self) -> None:
+        log.info("connect %s from %s", self.id, self.ws.remote_address)
+        reason = "error"
+        try:
+            reason = await self._serve()
+        except StreamdError as e:
+            await self._fail(e)
+        except ConnectionClosed:
+            reason = "client gone"
+        except Exception as e:  # a bug: report it to this client only
+            log.exception("connection %s failed", self.id)
+            await self._fail(InternalError(f"internal error: {type(e).__name__}"))
+        finally:
+            log.info("disconnect %s (%s) after %.1f s of audio", self.id, reason, self.samples_in / 16000)
+
+    async def _serve(self) -> str:
+        cfg = self.state.config.server
+        first = await self._recv(cfg.idle_timeout_s)
+        if isinstance(first, bytes):
+            self.proto.receive_audio()  # raises: audio before start
+        msg = self.proto.receive_text(first)
+        assert isinstance(msg, p.Start)
+        self.start = msg
+        pcm = PcmDecoder(msg.sample_rate, msg.encoding, msg.channels)
+        rules = msg.endpointing.resolve(self.state.config.endpointing)
+        segment = await self._open_segment(0.0)
+        await self._send(p.Ready(self.id, self.state.model_name, self.state.device, self.state.dtype,
+                                 self.state.engine.recognizer.geometry.chunk_ms, msg.sample_rate, rules,
+                                 cfg.idle_timeout_s, cfg.max_session_s))
+        sender = asyncio.create_task(self._sender(rules))
+        try:
+            reason = await self._receive_loop(pcm, segment)
+            segment.end_reason = "end_of_stream"
+            self._push(segment, pcm.flush())
+            self.state.engine.end(segment.session)
+            await self.segments.put(None)
+            await sender
+        finally:
+            sender.cancel()
+            self.state.engine.close(segment.session)
+        await self._send(p.Summary(self.utterance, self.partials, self.samples_in / 16000,
+                                   time.monotonic() - self.started, "shutdown" if reason == "shutdown" else "stop"))
+        await self.ws.close(1001 if reason == "shutdown" else 1000)
+        return reason
+
+    async def _receive_loop(self, pcm: PcmDecoder, segment: Segment) -> str:
+        cfg = self.state.config.server
+        while True:
+            if time.monotonic() - self.started > cfg.max_session_s:
+                raise SessionExpired(f"session longer than max_session_s={cfg.max_session_s:g}")
+            data = await self._recv(cfg.idle_timeout_s, allow_shutdown=True)
+            if data is None:
+                return "shutdown"
+            if isinstance(data, bytes):
+                self.proto.receive_audio()
+                self._push(segment, pcm.feed(data))
+                continue
+            msg = self.proto.receive_text(data)
+            if isinstance(msg, p.Stop):
+                return "stop"
+            if isinstance(msg, p.Finalize):
+                segment.end_reason = "finalize"
+                self.state.engine.end(segment.session)
+                segment = await self._open_segment(self.samples_in / 16000)
+
+    async def _open_segment(self, offset_s: float) -> Segment:
+        try:
+            session = await self.state.engine.open()
+        except CapacityError as e:
+            self.state.metrics.rejections.labels(reason="overloaded").inc()
+            raise Overloaded(str(e)) from None
+        seg = Segment(session, offset_s)
+        await self.segments.put(seg)
+        return seg
+
+    def _push(self, segment: Segment, samples: np.ndarray) -> None:
+        self.samples_in += samples.size
+        self.state.metrics.audio_seconds.inc(samples.size / 16000)
+        self.state.engine.push(segment.session, samples)
+
+    async def _recv(self, timeout: float, allow_shutdown: bool = False) -> str | bytes | None:
+        recv = asyncio.ensure_future(self.ws.recv())
+        waits: set[asyncio.Future[object]] = {recv}  # type: ignore[arg-type]
+        stop = asyncio.ensure_future(self.state.shutdown.wait()) if allow_shutdown else None
+        if stop is not None:
+            waits.add(stop)  # type: ignore[arg-type]
+        done, _ = await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        if stop is not None and not stop.done():
+            stop.cancel()
+        if recv in done:
+            return recv.result()
+        recv.cancel()
+        if stop is not None and stop in done:
+            return None
+        raise IdleTimeout(f"no message for {timeout:g} s")
+
+    async def _sender(self, rules: object) -> None:
+        index = 0
+        while (seg := await self.segments.get()) is not None:
+            tracker = UtteranceTracker(rules, index=index)  # type: ignore[arg-type]
+            frame_end = 0
+            while (item := await seg.session.results.get()) is not None:
+                if isinstance(item, StreamFailed):
+                    raise InternalError(str(item))
+                frame_end = item.frame_end
+                for u in tracker.on_chunk(item):
+                    await self._emit(u, seg, item)
+            last = tracker.close(seg.end_reason, frame_end)
+            if last is not None:
+                await self._emit(last, seg, None, frame_end)
+            index = tracker.index
+
+    async def _emit(self, u: Utterance, seg: Segment, item: ChunkResult | None, frame_end: int | None = None) -> None:
+        assert self.start is not None
+        end_frame = item.frame_end if item is not None else (frame_end or u.end)
+        processed = min(seg.offset_s + end_frame * FRAME_S, self.samples_in / 16000)
+        text = self.state.tokenizer.decode(u.tokens)
+        start, end = seg.offset_s + u.start * FRAME_S, seg.offset_s + u.end * FRAME_S
+        lag = max(0.0, self.samples_in / 16000 - processed)
+        if u.final:
+            words = tokens = None
+            if self.start.word_times:
+                words = tuple(p.Word(w, round(seg.offset_s + a * FRAME_S, 3), round(seg.offset_s + (b + 1) * FRAME_S, 3))
+                              for w, a, b in self.state.tokenizer.words(u.tokens, u.times))
+                tokens = tuple(self.state.tokenizer.id_to_piece(t) for t in u.tokens)
+            await self._send(p.Final(u.index, text, start, end, processed, u.reason, words, tokens))  # type: ignore[arg-type]
+            self.utterance = u.index + 1
+            self.state.metrics.final_latency.observe(lag)
+        elif self.start.interim_results and self.last_partial != (u.index, text):
+            self.last_partial = (u.index, text)
+            self.partials += 1
+            await self._send(p.Partial(u.index, text, start, end, processed))
+            self.state.metrics.partial_latency.observe(lag)
+
+    async def _send(self, msg: p.ServerMessage) -> None:
+        await self.ws.send(self.proto.encode(msg))
+
+    async def _fail(self, exc: StreamdError) -> None:
+        code, reason = p.close_for(exc)
+        log.info("connection %s: %s: %s", self.id, exc.code, exc.message)
+        try:
+            if self.proto.phase is not p.Phase.CLOSED:
+                await self.ws.send(self.proto.encode(p.Error.from_exception(exc)))
+            await self.ws.close(code, reason)
+        except ConnectionClosed:
+            pass

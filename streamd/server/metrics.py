@@ -1,0 +1,101 @@
+"""Prometheus metrics of one daemon, in a registry of their own.
+
+Names follow Prometheus conventions: ``streamd_<what>_<unit>``, ``_total`` on
+counters, base units (seconds). Latencies are in *audio* time: seconds of
+audio the server had received but whose words were not yet in the result when
+it was sent, so they measure the pipeline, not the network.
+"""
+from __future__ import annotations
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    generate_latest,
+)
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+REJECTION_REASONS = ("overloaded", "draining", "unauthorized", "bad_request")
+MIGRATION_RESULTS = ("ok", "failed")
+ENDPOINT_RULES = ("silence_after_speech", "silence_without_speech", "max_utterance")
+
+_LATENCY_BUCKETS = (0.08, 0.16, 0.24, 0.32, 0.48, 0.64, 0.96, 1.28, 1.92, 2.56, 3.84, 5.12, 10.24)
+_STEP_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+_WAIT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
+_PAUSE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class Metrics:
+    """Every streamd metric, registered in ``self.registry``.
+
+    Args:
+        namespace: metric name prefix.
+        process: also export the ``process_*``, ``python_*`` and GC collectors.
+    """
+
+    def __init__(self, namespace: str = "streamd", *, process: bool = True) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r, ns = self.registry, namespace
+        if process:
+            ProcessCollector(registry=r)
+            PlatformCollector(registry=r)
+            GCCollector(registry=r)
+        self.streams_active = Gauge("streams_active", "Open streams.", namespace=ns, registry=r)
+        self.connections = Counter("connections", "Accepted stream connections.", namespace=ns,
+                                   registry=r)
+        self.rejections = Counter("connections_rejected", "Refused connections by reason.",
+                                  ["reason"], namespace=ns, registry=r)
+        self.audio_seconds = Counter("audio_seconds", "Audio received, in seconds.", namespace=ns,
+                                     registry=r)
+        self.step_seconds = Histogram("decode_step_seconds", "Wall time of one batched decode step.",
+                                      namespace=ns, registry=r, buckets=_STEP_BUCKETS)
+        self.batch_size = Histogram("batch_size", "Streams per decode step.", namespace=ns,
+                                    registry=r, buckets=_BATCH_BUCKETS)
+        self.batch_wait_seconds = Histogram(
+            "batch_wait_seconds", "Time the first ready stream waited for its step to start.",
+            namespace=ns, registry=r, buckets=_WAIT_BUCKETS)
+        self.partial_latency = Histogram(
+            "partial_latency_seconds", "Audio received but not reflected in a partial when sent.",
+            namespace=ns, registry=r, buckets=_LATENCY_BUCKETS)
+        self.final_latency = Histogram(
+            "final_latency_seconds", "Audio received past an utterance's end when its final was sent.",
+            namespace=ns, registry=r, buckets=_LATENCY_BUCKETS)
+        self.realtime_factor = Gauge(
+            "realtime_factor", "Last decode step's wall time over the audio per stream it decoded "
+            "(>= 1 means falling behind).", namespace=ns, registry=r)
+        self.endpoints = Counter("endpoints", "Utterances ended by an endpoint rule.", ["rule"],
+                                 namespace=ns, registry=r)
+        self.model_info = Info("model", "The served model and where it runs.", namespace=ns,
+                               registry=r)
+        self.migrations = Counter("migrations", "Live migrations by result.", ["result"],
+                                  namespace=ns, registry=r)
+        self.migration_pause = Histogram(
+            "migration_pause_seconds", "Time streams were paused during a migration.",
+            namespace=ns, registry=r, buckets=_PAUSE_BUCKETS)
+        for counter, labels in ((self.rejections, REJECTION_REASONS),
+                                (self.endpoints, ENDPOINT_RULES),
+                                (self.migrations, MIGRATION_RESULTS)):
+            for label in labels:
+                counter.labels(label)
+
+    def set_model(self, model: str, device: str, dtype: str) -> None:
+        """Publish ``streamd_model_info{model,device,dtype} 1`` (replacing the previous one)."""
+        self.model_info.info({"model": model, "device": device, "dtype": dtype})
+
+    def observe_step(self, seconds: float, batch_size: int, chunk_seconds: float) -> None:
+        """Record one decode step that advanced ``batch_size`` streams by ``chunk_seconds`` each."""
+        self.step_seconds.observe(seconds)
+        self.batch_size.observe(batch_size)
+        self.realtime_factor.set(seconds / chunk_seconds)
+
+    def render(self) -> bytes:
+        """The text exposition format; serve it with ``CONTENT_TYPE``."""
+        return generate_latest(self.registry)

@@ -1,0 +1,397 @@
+"""The streaming websocket protocol, version 1, without I/O.
+
+Typed dataclasses for every message, parsing of client text messages,
+serialisation of server messages, and :class:`SessionProtocol`, the
+per-connection state machine that checks message order and numbers outgoing
+messages. ``docs/protocol.md`` is the user-facing description.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, TypeVar, Union, cast
+
+from streamd.audio.pcm import Encoding, check_format
+from streamd.config import MAX_ENDPOINT_MS, EndpointingConfig
+from streamd.errors import ProtocolViolation, StreamdError
+
+
+PROTOCOL_VERSION = "1"
+STREAM_PATH = "/v1/stream"
+_MAX_CLOSE_REASON_BYTES = 123
+_INTERNAL_CLOSE = 1011
+
+FinalReason = Literal["endpoint", "max_utterance", "finalize", "end_of_stream"]
+
+
+# -- client -> server ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EndpointingOptions:
+    """Per-stream endpoint overrides from ``start``; None keeps the server's value."""
+
+    silence_after_speech_ms: int | None = None
+    silence_without_speech_ms: int | None = None
+    max_utterance_ms: int | None = None
+    disabled: bool = False
+
+    def resolve(self, defaults: EndpointingConfig) -> EndpointingConfig:
+        """The rules for this stream: the server defaults with these overrides applied."""
+        if self.disabled:
+            return EndpointingConfig(0, 0, 0)
+        changes = {f.name: getattr(self, f.name) for f in dataclasses.fields(EndpointingConfig)}
+        return dataclasses.replace(defaults, **{k: v for k, v in changes.items() if v is not None})
+
+
+@dataclass(frozen=True)
+class Start:
+    """First client message: the audio format and the stream options."""
+
+    type: ClassVar[str] = "start"
+    sample_rate: int
+    encoding: Encoding
+    channels: int = 1
+    interim_results: bool = True
+    word_times: bool = False
+    endpointing: EndpointingOptions = EndpointingOptions()
+
+
+@dataclass(frozen=True)
+class Finalize:
+    """End the current utterance now and keep streaming."""
+
+    type: ClassVar[str] = "finalize"
+
+
+@dataclass(frozen=True)
+class Stop:
+    """End of audio: flush, send finals and the summary, close with 1000."""
+
+    type: ClassVar[str] = "stop"
+
+
+@dataclass(frozen=True)
+class KeepAlive:
+    """Reset the idle timer without sending audio."""
+
+    type: ClassVar[str] = "keepalive"
+
+
+ClientMessage = Union[Start, Finalize, Stop, KeepAlive]
+
+
+# -- server -> client ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Word:
+    """One word of a final result with its stream times in seconds."""
+
+    word: str
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Ready:
+    """First server message: the session and how it will be served."""
+
+    type: ClassVar[str] = "ready"
+    session_id: str
+    model: str
+    device: str
+    dtype: str
+    chunk_ms: int
+    sample_rate: int
+    endpointing: EndpointingConfig
+    idle_timeout_s: float
+    max_session_s: float
+    protocol: str = PROTOCOL_VERSION
+
+
+@dataclass(frozen=True)
+class Partial:
+    """Interim hypothesis of the current utterance; a later message may revise it."""
+
+    type: ClassVar[str] = "partial"
+    utterance: int
+    text: str
+    start: float
+    end: float
+    audio_processed: float
+
+
+@dataclass(frozen=True)
+class Final:
+    """The settled text of an utterance; words/tokens only when requested."""
+
+    type: ClassVar[str] = "final"
+    utterance: int
+    text: str
+    start: float
+    end: float
+    audio_processed: float
+    reason: FinalReason
+    words: tuple[Word, ...] | None = None
+    tokens: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Error:
+    """A fatal error; the server closes the connection right after it."""
+
+    type: ClassVar[str] = "error"
+    code: str
+    message: str
+
+    @classmethod
+    def from_exception(cls, exc: StreamdError) -> Error:
+        return cls(code=exc.code, message=exc.message)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Last message of a session that ended cleanly."""
+
+    type: ClassVar[str] = "summary"
+    utterances: int
+    partials: int
+    audio_seconds: float
+    session_seconds: float
+    reason: Literal["stop", "shutdown"]
+
+
+ServerMessage = Union[Ready, Partial, Final, Error, Summary]
+
+
+# -- parsing client messages --------------------------------------------------------------------
+
+_T = TypeVar("_T")
+_KIND_NAMES: dict[type, str] = {int: "an integer", str: "a string", bool: "true or false"}
+_ENDPOINT_KEYS = tuple(f.name for f in dataclasses.fields(EndpointingConfig))
+_START_KEYS = ("sample_rate", "encoding", "channels", "interim_results", "word_times", "endpointing")
+
+
+def _field(data: Mapping[str, Any], key: str, kind: type[_T], default: _T | None = None) -> _T:
+    if key not in data:
+        if default is None:
+            raise ProtocolViolation(f'"start" needs "{key}"')
+        return default
+    value = data[key]
+    # bool is an int subclass: reject true/false where a number is expected.
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ProtocolViolation(f'"{key}" must be {_KIND_NAMES[kind]}, got {json.dumps(value)}')
+    return value
+
+
+def _check_keys(data: Mapping[str, Any], allowed: tuple[str, ...], where: str) -> None:
+    unknown = sorted(set(data) - set(allowed) - {"type"})
+    if unknown:
+        raise ProtocolViolation(f"unknown field {unknown[0]!r} in {where}; allowed: {', '.join(allowed)}")
+
+
+def _parse_endpointing(value: Any) -> EndpointingOptions:
+    if value is True:
+        return EndpointingOptions()
+    if value is False:
+        return EndpointingOptions(disabled=True)
+    if not isinstance(value, dict):
+        raise ProtocolViolation('"endpointing" must be an object, true or false')
+    _check_keys(value, _ENDPOINT_KEYS, '"endpointing"')
+    overrides: dict[str, Any] = {}
+    for key in value:
+        ms = _field(value, key, int)
+        if not 0 <= ms <= MAX_ENDPOINT_MS:
+            raise ProtocolViolation(f'"{key}" must be in 0..{MAX_ENDPOINT_MS} ms, got {ms}')
+        overrides[key] = ms
+    return EndpointingOptions(**overrides)
+
+
+def _parse_start(data: Mapping[str, Any]) -> Start:
+    _check_keys(data, _START_KEYS, '"start"')
+    sample_rate = _field(data, "sample_rate", int)
+    encoding = _field(data, "encoding", str)
+    channels = _field(data, "channels", int, 1)
+    check_format(sample_rate, encoding, channels)
+    return Start(
+        sample_rate=sample_rate,
+        encoding=cast(Encoding, encoding),  # checked by check_format
+        channels=channels,
+        interim_results=_field(data, "interim_results", bool, True),
+        word_times=_field(data, "word_times", bool, False),
+        endpointing=_parse_endpointing(data.get("endpointing", True)),
+    )
+
+
+def _control(cls: Callable[[], _T], name: str) -> Callable[[Mapping[str, Any]], _T]:
+    def parse(data: Mapping[str, Any]) -> _T:
+        _check_keys(data, (), f'"{name}"')
+        return cls()
+    return parse
+
+
+_CLIENT_PARSERS: dict[str, Callable[[Mapping[str, Any]], ClientMessage]] = {
+    "start": _parse_start,
+    "finalize": _control(Finalize, "finalize"),
+    "stop": _control(Stop, "stop"),
+    "keepalive": _control(KeepAlive, "keepalive"),
+}
+
+
+def parse_client_message(text: str) -> ClientMessage:
+    """Parse one client text message.
+
+    Raises:
+        ProtocolViolation: malformed JSON, not an object, unknown type, bad or unknown field.
+        UnsupportedAudio: ``start`` names a rate, encoding or channel count streamd rejects.
+    """
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ProtocolViolation(f"message is not valid JSON: {err.msg} at position {err.pos}") from None
+    if not isinstance(data, dict):
+        raise ProtocolViolation("message must be a JSON object")
+    kind = data.get("type")
+    parser = _CLIENT_PARSERS.get(kind) if isinstance(kind, str) else None
+    if parser is None:
+        raise ProtocolViolation(
+            f"unknown message type {json.dumps(kind)}; expected one of {', '.join(_CLIENT_PARSERS)}")
+    return parser(data)
+
+
+def encode_client_message(message: ClientMessage) -> str:
+    """Serialise a client message (for clients); default endpointing is left out."""
+    body: dict[str, Any] = {"type": message.type}
+    if isinstance(message, Start):
+        body.update(sample_rate=message.sample_rate, encoding=message.encoding, channels=message.channels,
+                    interim_results=message.interim_results, word_times=message.word_times)
+        options = message.endpointing
+        if options.disabled:
+            body["endpointing"] = False
+        elif options != EndpointingOptions():
+            body["endpointing"] = {k: getattr(options, k) for k in _ENDPOINT_KEYS
+                                   if getattr(options, k) is not None}
+    return json.dumps(body, separators=(",", ":"))
+
+
+# -- serialising server messages ----------------------------------------------------------------
+
+def _rounded(value: Any) -> Any:
+    if isinstance(value, float):
+        return round(value, 3)
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [_rounded(v) for v in value]
+    return value
+
+
+def encode_message(message: ServerMessage, seq: int) -> str:
+    """Serialise a server message as compact JSON; times are rounded to milliseconds."""
+    body = _rounded(dataclasses.asdict(message))
+    return json.dumps({"type": message.type, "seq": seq, **body}, ensure_ascii=False,
+                      separators=(",", ":"))
+
+
+_SERVER_TYPES: dict[str, type[Any]] = {cls.type: cls for cls in (Ready, Partial, Final, Error, Summary)}
+
+
+def parse_server_message(text: str) -> ServerMessage:
+    """Parse a server message (for clients); unknown fields are ignored.
+
+    Raises:
+        ProtocolViolation: not a server message of this protocol version.
+    """
+    try:
+        data = json.loads(text)
+        cls = _SERVER_TYPES[data["type"]]
+        names = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in names}
+        if cls is Ready:
+            kwargs["endpointing"] = EndpointingConfig(**kwargs["endpointing"])
+        if cls is Final:
+            if "words" in kwargs:
+                kwargs["words"] = tuple(Word(**w) for w in kwargs["words"])
+            if "tokens" in kwargs:
+                kwargs["tokens"] = tuple(kwargs["tokens"])
+        message: ServerMessage = cls(**kwargs)
+    except (ValueError, KeyError, TypeError) as err:
+        raise ProtocolViolation(f"not a protocol {PROTOCOL_VERSION} server message: {err}") from None
+    return message
+
+
+def close_for(exc: StreamdError) -> tuple[int, str]:
+    """The websocket close code and reason (at most 123 UTF-8 bytes) for an error."""
+    reason = exc.message.encode()[:_MAX_CLOSE_REASON_BYTES].decode(errors="ignore")
+    return (exc.close_code if exc.close_code is not None else _INTERNAL_CLOSE), reason
+
+
+# -- per-session state machine ------------------------------------------------------------------
+
+class Phase(enum.Enum):
+    """Where a session is: waiting for start, streaming, stopped by the client, or closed."""
+
+    AWAITING_START = "awaiting_start"
+    STREAMING = "streaming"
+    STOPPED = "stopped"
+    CLOSED = "closed"
+
+
+class SessionProtocol:
+    """Checks the order of client messages and numbers server messages (``seq``).
+
+    Client order: ``start``, then audio and ``finalize``/``keepalive`` in any
+    order, then optionally ``stop``. Server order: ``ready`` (or an ``error``)
+    first; nothing after ``summary`` or ``error``.
+    """
+
+    def __init__(self) -> None:
+        self.phase = Phase.AWAITING_START
+        self.start: Start | None = None
+        self._seq = 0
+
+    @property
+    def seq(self) -> int:
+        """The ``seq`` the next outgoing message will carry."""
+        return self._seq
+
+    def receive_text(self, text: str) -> ClientMessage:
+        """Parse a client text message and check it is allowed now."""
+        message = parse_client_message(text)
+        if self.phase is Phase.AWAITING_START and not isinstance(message, Start):
+            raise ProtocolViolation(f'the first message must be "start", got "{message.type}"')
+        if self.phase is Phase.STREAMING and isinstance(message, Start):
+            raise ProtocolViolation('"start" was already sent')
+        if self.phase in (Phase.STOPPED, Phase.CLOSED):
+            raise ProtocolViolation(f'"{message.type}" after the stream ended')
+        if isinstance(message, Start):
+            self.start = message
+            self.phase = Phase.STREAMING
+        elif isinstance(message, Stop):
+            self.phase = Phase.STOPPED
+        return message
+
+    def receive_audio(self) -> None:
+        """Check that a binary (audio) message is allowed now."""
+        if self.phase is Phase.AWAITING_START:
+            raise ProtocolViolation('audio before "start"')
+        if self.phase is not Phase.STREAMING:
+            raise ProtocolViolation('audio after "stop"')
+
+    def encode(self, message: ServerMessage) -> str:
+        """Serialise the next server message with its ``seq``.
+
+        Raises:
+            RuntimeError: the server sent out of order (a bug, not a client fault).
+        """
+        if self.phase is Phase.CLOSED:
+            raise RuntimeError(f"cannot send {message.type!r}: the session is closed")
+        if self._seq == 0 and not isinstance(message, (Ready, Error)):
+            raise RuntimeError(f"cannot send {message.type!r} before 'ready'")
+        text = encode_message(message, self._seq)
+        self._seq += 1
+        if isinstance(message, (Summary, Error)):
+            self.phase = Phase.CLOSED
+        return text

@@ -1,0 +1,82 @@
+"""Metrics: names, labels, independence of registries, exposition output."""
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from streamd.server.metrics import CONTENT_TYPE, MIGRATION_RESULTS, REJECTION_REASONS, Metrics
+
+
+def samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = metrics.render().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_expected_series_exist_at_zero() -> None:
+    got = samples(Metrics(process=False))
+    for name in ("streamd_streams_active", "streamd_connections_total", "streamd_audio_seconds_total",
+                 "streamd_decode_step_seconds_count", "streamd_batch_size_count",
+                 "streamd_batch_wait_seconds_count", "streamd_partial_latency_seconds_count",
+                 "streamd_final_latency_seconds_count", "streamd_realtime_factor",
+                 "streamd_migration_pause_seconds_count"):
+        assert got[(name, ())] == 0.0, name
+    for reason in REJECTION_REASONS:
+        assert got[("streamd_connections_rejected_total", (("reason", reason),))] == 0.0
+    for result in MIGRATION_RESULTS:
+        assert got[("streamd_migrations_total", (("result", result),))] == 0.0
+    assert got[("streamd_endpoints_total", (("rule", "max_utterance"),))] == 0.0
+
+
+def test_registries_are_independent() -> None:
+    a, b = Metrics(), Metrics()
+    a.connections.inc()
+    a.rejections.labels("overloaded").inc(2)
+    a.streams_active.set(5)
+    got_a, got_b = samples(a), samples(b)
+    assert got_a[("streamd_connections_total", ())] == 1.0
+    assert got_a[("streamd_connections_rejected_total", (("reason", "overloaded"),))] == 2.0
+    assert got_a[("streamd_streams_active", ())] == 5.0
+    assert got_b[("streamd_connections_total", ())] == 0.0
+    assert got_b[("streamd_streams_active", ())] == 0.0
+
+
+def test_observe_step() -> None:
+    m = Metrics(process=False)
+    m.observe_step(0.02, batch_size=12, chunk_seconds=0.16)
+    m.observe_step(0.04, batch_size=3, chunk_seconds=0.16)
+    got = samples(m)
+    assert got[("streamd_decode_step_seconds_count", ())] == 2.0
+    assert abs(got[("streamd_decode_step_seconds_sum", ())] - 0.06) < 1e-9
+    assert got[("streamd_batch_size_bucket", (("le", "4.0"),))] == 1.0
+    assert got[("streamd_batch_size_bucket", (("le", "16.0"),))] == 2.0
+    assert got[("streamd_realtime_factor", ())] == 0.25
+
+
+def test_latency_histograms_are_in_seconds() -> None:
+    m = Metrics(process=False)
+    m.partial_latency.observe(0.3)
+    m.final_latency.observe(1.0)
+    got = samples(m)
+    assert got[("streamd_partial_latency_seconds_bucket", (("le", "0.24"),))] == 0.0
+    assert got[("streamd_partial_latency_seconds_bucket", (("le", "0.32"),))] == 1.0
+    assert got[("streamd_final_latency_seconds_bucket", (("le", "1.28"),))] == 1.0
+
+
+def test_model_info_is_replaced_on_change() -> None:
+    m = Metrics(process=False)
+    m.set_model("tiny", "cuda:0", "fp32")
+    m.set_model("tiny", "cuda:1", "bf16")
+    info = {labels: v for (name, labels), v in samples(m).items() if name == "streamd_model_info"}
+    assert info == {(("device", "cuda:1"), ("dtype", "bf16"), ("model", "tiny")): 1.0}
+
+
+def test_process_collectors_are_optional() -> None:
+    with_process = {name for name, _ in samples(Metrics())}
+    without = {name for name, _ in samples(Metrics(process=False))}
+    assert "python_info" in with_process and "python_info" not in without
+    assert not any(name.startswith("process_") for name in without)
+
+
+def test_content_type() -> None:
+    assert CONTENT_TYPE.startswith("text/plain")
+    assert Metrics(namespace="asr", process=False).render().startswith(b"# HELP asr_")
