@@ -1,0 +1,1 @@
+"""Synthetic-speech training data: text, voices, synthesis, augmentation."""
