@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -60,15 +61,43 @@ def _run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_admin(sub: argparse._SubParsersAction) -> None:
+    from streamd.config import default_admin_socket
+
+    p = sub.add_parser("admin", help="control a running daemon (status, migrate, drain)")
+    p.add_argument("--socket", default=str(default_admin_socket(os.environ)),
+                   help="admin unix socket (default: %(default)s)")
+    p.add_argument("--url", help="admin TCP endpoint http://HOST:PORT instead of the socket")
+    p.add_argument("--token-file", help="file with the bearer token (with --url)")
+    p.add_argument("--json", action="store_true", help="print the full JSON answer")
+    cmds = p.add_subparsers(dest="admin_command", required=True)
+    cmds.add_parser("status", help="device, dtype, streams, capacity, decoder mode, last migration")
+    cmds.add_parser("drain", help="stop taking new streams; live ones continue")
+    m = cmds.add_parser("migrate", help="move the serving model to another device and/or dtype")
+    m.add_argument("--device", help="cpu, cuda, cuda:N (default: unchanged)")
+    m.add_argument("--dtype", help="fp32, bf16, fp16 (default: unchanged)")
+
+
+def _run_admin(args: argparse.Namespace) -> int:
+    from streamd.admin_client import AdminError, run
+
+    try:
+        return run(args.admin_command, args)
+    except AdminError as e:
+        print(f"streamd admin: {e}", file=sys.stderr)
+        return 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streamd", description="Real-time streaming speech recognition.")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_decode(sub)
     _add_serve(sub)
+    _add_admin(sub)
     return parser
 
 
-COMMANDS = {"decode": _run_decode, "serve": _run_serve}
+COMMANDS = {"decode": _run_decode, "serve": _run_serve, "admin": _run_admin}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

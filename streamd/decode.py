@@ -12,7 +12,6 @@ from typing import TextIO
 import torch
 
 from streamd.audio.files import read_audio
-from streamd.decoding.greedy import GreedyLabelLooping
 from streamd.engine.placement import move_model, parse_device, parse_dtype
 from streamd.engine.recognizer import Recognizer, transcribe_offline
 from streamd.engine.stream import Stream
@@ -41,14 +40,13 @@ def decode_files(files: Sequence[str], opts: DecodeOptions, out: TextIO = sys.st
     """Print one JSON line per file: file, text, tokens, timestamps (encoder frames)."""
     loaded = prepare(opts)
     m, tok = loaded.model, loaded.tokenizer
-    search = GreedyLabelLooping(m.decoder, m.joint, m.dims.blank_id)
     for i in range(0, len(files), opts.batch):
         group = files[i: i + opts.batch]
         audios = [read_audio(f, m.dims.features.sample_rate) for f in group]
         if opts.streaming:
-            results = _stream_batch(Recognizer(m, search, len(group)), audios)
+            results = _stream_batch(Recognizer(m, len(group)), audios)
         else:
-            results = [transcribe_offline(m, search, torch.from_numpy(a)) for a in audios]
+            results = [transcribe_offline(m, torch.from_numpy(a)) for a in audios]
         for f, (tokens, times) in zip(group, results):
             out.write(json.dumps({"file": str(Path(f)), "text": tok.decode(tokens),
                                   "tokens": tokens, "timestamps": times}) + "\n")

@@ -13,17 +13,18 @@ import numpy as np
 import websockets
 
 from conftest import FIXTURES
-from streamd.config import Config, EngineConfig, ServerConfig
+from streamd.config import AdminConfig, Config, EngineConfig, ServerConfig
 from streamd.server.app import App, build_state
 from streamd.server.metrics import Metrics
 
 TINY = FIXTURES / "tiny_streaming_fastconformer_rnnt.nemo"
 
 
-def config(model: Path = TINY, **server: Any) -> Config:
+def config(model: Path = TINY, admin: AdminConfig | None = None, **server: Any) -> Config:
     base = dict(port=0, max_streams=64, idle_timeout_s=10.0)
     base.update(server)
-    return Config(server=ServerConfig(**base), engine=EngineConfig(model=model, device="cpu"))
+    return Config(server=ServerConfig(**base), engine=EngineConfig(model=model, device="cpu"),
+                  admin=admin or AdminConfig(socket=None))
 
 
 @contextlib.asynccontextmanager

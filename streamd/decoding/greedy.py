@@ -14,6 +14,7 @@ from torch import Tensor
 
 from streamd.decoding.state import DecoderState
 from streamd.model.rnnt import Joint, Predictor
+from streamd.model.transducer import Transducer
 
 DEFAULT_MAX_SYMBOLS = 10
 
@@ -69,6 +70,10 @@ class GreedyLabelLooping:
                  max_symbols: int = DEFAULT_MAX_SYMBOLS) -> None:
         self.predictor, self.joint = predictor, joint
         self.blank_id, self.max_symbols = blank_id, max_symbols
+
+    @classmethod
+    def for_model(cls, model: Transducer) -> GreedyLabelLooping:
+        return cls(model.decoder, model.joint, model.dims.blank_id)
 
     def initial_state(self, batch: int) -> DecoderState:
         """The after-start state: prediction net fed blank from zeros, projected by the joint."""
@@ -176,11 +181,15 @@ class GreedyLabelLooping:
         torch.lt(loop.time, loop.lengths, out=loop.active)
         torch.any(loop.active, out=loop.active_any)
 
-    def results(self, loop: LoopState, batch: int | None = None) -> tuple[BatchedHyps, DecoderState]:
-        """Copies (never views) of the first `batch` rows, with times made global."""
+    def results(self, loop: LoopState, batch: int | None = None, frames: int | None = None
+                ) -> tuple[BatchedHyps, DecoderState]:
+        """Copies (never views) of the first `batch` rows, with times made global; with `frames`
+        (the call's encoder frames, at most the loop's) the label columns are cut to what a loop
+        of that many frames has."""
         b = loop.lengths.shape[0] if batch is None else batch
+        w = loop.out_labels.shape[1] if frames is None else frames * self.max_symbols + 1
         offset = loop.state.frames[:b, None]
-        hyps = BatchedHyps(loop.out_labels[:b].clone(), loop.out_times[:b] + offset, loop.out_len[:b].clone())
+        hyps = BatchedHyps(loop.out_labels[:b, :w].clone(), loop.out_times[:b, :w] + offset, loop.out_len[:b].clone())
         s = loop.state
         new = DecoderState(s.h[:, :b].clone(), s.c[:, :b].clone(), s.gproj[:b].clone(), s.label[:b].clone(),
                            s.frames[:b] + loop.lengths[:b])

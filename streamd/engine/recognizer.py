@@ -9,6 +9,7 @@ between steps is enough.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +20,9 @@ from streamd.decoding.state import DecoderState
 from streamd.engine.stream import ChunkGeometry, Stream
 from streamd.model.encoder import EncoderCache
 from streamd.model.transducer import Transducer
+
+
+DecoderFactory = Callable[[Transducer], GreedyLabelLooping]
 
 
 class CapacityError(RuntimeError):
@@ -40,9 +44,10 @@ class ChunkResult:
 class Recognizer:
     """Owns the slot state; the model and decoder are passed in and never moved here."""
 
-    def __init__(self, model: Transducer, decoder: GreedyLabelLooping, capacity: int,
-                 right_context: int | None = None) -> None:
-        self.model, self.decoder, self.capacity = model, decoder, capacity
+    def __init__(self, model: Transducer, capacity: int, right_context: int | None = None,
+                 decoder_factory: DecoderFactory = GreedyLabelLooping.for_model) -> None:
+        self.capacity, self.decoder_factory = capacity, decoder_factory
+        self.model, self.decoder = model, decoder_factory(model)
         if right_context is not None:
             model.encoder.set_att_context((model.encoder.att_context[0], right_context))
         self.geometry = ChunkGeometry(model.encoder.att_context[1])
@@ -51,6 +56,12 @@ class Recognizer:
         self._free = list(range(capacity - 1, -1, -1))
         self._cache: EncoderCache | None = None
         self._dec: DecoderState | None = None
+
+    def use_model(self, model: Transducer) -> None:
+        """Serve from another model object with the same weights and architecture (a migration
+        target); slot state follows it at the next `state_tensors()`."""
+        model.encoder.set_att_context(self.model.encoder.att_context)
+        self.model, self.decoder = model, self.decoder_factory(model)
 
     @property
     def active(self) -> int:
@@ -121,7 +132,7 @@ class Recognizer:
         dec.index_copy_(rows, self.decoder.initial_state(1))
 
 
-def transcribe_offline(model: Transducer, decoder: GreedyLabelLooping, audio: Tensor
+def transcribe_offline(model: Transducer, audio: Tensor, decoder: GreedyLabelLooping | None = None
                        ) -> tuple[list[int], list[int]]:
     """Full-utterance reference: features, encoder under the streaming mask, greedy search.
     audio: (N,) float32 at the model's rate. Returns tokens and their encoder-frame times."""
@@ -130,5 +141,5 @@ def transcribe_offline(model: Transducer, decoder: GreedyLabelLooping, audio: Te
         a = audio.to(device)[None]
         mel, mel_len = model.preprocessor(a, torch.tensor([a.shape[1]], device=device))
         enc, enc_len = model.encoder(mel, mel_len)
-        hyps, _ = decoder(enc, enc_len)
+        hyps, _ = (decoder or GreedyLabelLooping.for_model(model))(enc, enc_len)
     return hyps.to_lists()[0]

@@ -17,11 +17,12 @@ from websockets.http11 import Request, Response
 
 from streamd import systemd
 from streamd.config import Config
-from streamd.decoding.greedy import GreedyLabelLooping
-from streamd.engine.placement import DTYPE_NAMES, move_model, parse_device, parse_dtype
+from streamd.engine.migration import prepare
+from streamd.engine.placement import DTYPE_NAMES, parse_device, parse_dtype
 from streamd.engine.recognizer import Recognizer
 from streamd.engine.scheduler import Engine
 from streamd.model.checkpoint import load_model, resolve_model_path
+from streamd.server.admin import AdminServer, Control
 from streamd.server.handler import Connection, ServerState
 from streamd.server.metrics import CONTENT_TYPE, Metrics
 from streamd.server.protocol import STREAM_PATH
@@ -35,10 +36,9 @@ def build_state(cfg: Config, metrics: Metrics) -> ServerState:
     loaded = load_model(resolve_model_path(e.model))
     device = parse_device(e.resolved_device(torch.cuda.is_available()))
     dtype = parse_dtype(e.dtype)
-    move_model(loaded.model, device, dtype)
-    m = loaded.model
-    decoder = GreedyLabelLooping(m.decoder, m.joint, m.dims.blank_id)
-    rec = Recognizer(m, decoder, cfg.server.max_streams, e.right_context)
+    if e.right_context is not None:
+        loaded.model.encoder.set_att_context((loaded.model.encoder.att_context[0], e.right_context))
+    rec = Recognizer(prepare(loaded.model, device, dtype), cfg.server.max_streams)
     chunk_s = rec.geometry.chunk_ms / 1000
 
     def on_step(seconds: float, batch: int) -> None:
@@ -46,7 +46,7 @@ def build_state(cfg: Config, metrics: Metrics) -> ServerState:
 
     engine = Engine(rec, cfg.server.max_streams, e.batch_wait_ms / 1000, on_step)
     metrics.set_model(loaded.name, str(device), DTYPE_NAMES[dtype])
-    return ServerState(cfg, engine, loaded.tokenizer, metrics, loaded.name, str(device), DTYPE_NAMES[dtype])
+    return ServerState(cfg, engine, loaded.tokenizer, metrics, loaded.name, loaded.model)
 
 
 async def warm_up(engine: Engine) -> None:
@@ -69,6 +69,7 @@ def _response(status: HTTPStatus, body: bytes, content_type: str = "text/plain; 
 class App:
     def __init__(self, state: ServerState) -> None:
         self.state = state
+        self.control = Control(state)
         self.ready = False
 
     def process_request(self, conn: ServerConnection, request: Request) -> Response | None:
@@ -77,20 +78,25 @@ class App:
         if path == "/livez":
             return _response(HTTPStatus.OK, b"ok\n")
         if path == "/readyz":
-            if self.ready and not self.state.shutdown.is_set():
+            if self.accepting and not self.state.cutting_over:
                 return _response(HTTPStatus.OK, b"ready\n")
             return _response(HTTPStatus.SERVICE_UNAVAILABLE, b"not ready\n")
         if path == "/metrics":
             return _response(HTTPStatus.OK, self.state.metrics.render(), CONTENT_TYPE)
         if path != STREAM_PATH:
             return _response(HTTPStatus.NOT_FOUND, b"not found\n")
-        if self.state.shutdown.is_set() or not self.ready:
+        if not self.accepting:
             self.state.metrics.rejections.labels(reason="draining").inc()
             return _response(HTTPStatus.SERVICE_UNAVAILABLE, b"draining\n", extra={"Retry-After": "5"})
         if len(self.state.live) >= self.state.config.server.max_streams:
             self.state.metrics.rejections.labels(reason="overloaded").inc()
             return _response(HTTPStatus.SERVICE_UNAVAILABLE, b"at capacity\n", extra={"Retry-After": "1"})
         return None
+
+    @property
+    def accepting(self) -> bool:
+        """New streams are taken: warmed up, not draining, not shutting down."""
+        return self.ready and not self.state.draining and not self.state.shutdown.is_set()
 
     async def handler(self, ws: ServerConnection) -> None:
         task = asyncio.current_task()
@@ -116,6 +122,8 @@ class App:
         notifier = systemd.Notifier()
         self.state.engine.start()
         await warm_up(self.state.engine)
+        admin = AdminServer(self.control, self.state.config.admin)
+        await admin.start()
         tls = _tls_context(cfg.tls_cert, cfg.tls_key)
         async with serve(self.handler, cfg.host, cfg.port, process_request=self.process_request,
                          max_size=cfg.max_message_bytes, compression=None, ssl=tls) as server:
@@ -134,6 +142,7 @@ class App:
             if self.state.live:
                 await asyncio.wait(set(self.state.live), timeout=cfg.drain_timeout_s)
             watchdog.cancel()
+        await admin.stop()
         await self.state.engine.stop()
 
 

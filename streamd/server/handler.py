@@ -21,9 +21,11 @@ from streamd.audio.pcm import PcmDecoder
 from streamd.config import Config
 from streamd.decoding.tokenizer import Tokenizer
 from streamd.engine.endpoint import FRAME_MS
+from streamd.engine.placement import DTYPE_NAMES
 from streamd.engine.recognizer import CapacityError, ChunkResult
 from streamd.engine.scheduler import Engine, EngineSession, StreamFailed
 from streamd.engine.utterances import Utterance, UtteranceTracker
+from streamd.model.transducer import Transducer
 from streamd.errors import IdleTimeout, InternalError, Overloaded, SessionExpired, StreamdError
 from streamd.server import protocol as p
 from streamd.server.metrics import Metrics
@@ -41,10 +43,19 @@ class ServerState:
     tokenizer: Tokenizer
     metrics: Metrics
     model_name: str
-    device: str
-    dtype: str
+    master: Transducer  # fp32 CPU weights as loaded; every placement is made from them
     shutdown: asyncio.Event = field(default_factory=asyncio.Event)
     live: set[asyncio.Task[None]] = field(default_factory=set)
+    draining: bool = False  # admin drain: no new streams, live ones go on
+    cutting_over: bool = False  # a migration is swapping the model in
+
+    @property
+    def device(self) -> str:
+        return str(self.engine.recognizer.model.device)
+
+    @property
+    def dtype(self) -> str:
+        return DTYPE_NAMES[self.engine.recognizer.model.dtype]
 
 
 @dataclass

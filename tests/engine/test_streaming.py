@@ -31,10 +31,10 @@ def test_fixture_models_streaming_equals_offline(right: int) -> None:
     rng = np.random.default_rng(right)
     for kind in ("rnnt", "hybrid"):
         m = fixture_model(kind).model
-        rec = Recognizer(m, greedy(m), capacity=2, right_context=right)
+        rec = Recognizer(m, capacity=2, right_context=right)
         for name, inp in reference(kind)["inputs"].items():
             s = stream_through(rec, inp["audio"].numpy(), rng)
-            assert (s.tokens, s.times) == transcribe_offline(m, greedy(m), inp["audio"])
+            assert (s.tokens, s.times) == transcribe_offline(m, inp["audio"])
             # and equals NeMo's offline result at this lookahead
             assert s.tokens == reference(kind)["offline"][f"att70_{right}"][name]["hyp"]["tokens"].tolist()
 
@@ -52,11 +52,11 @@ def synthetic_audio(seconds: float, seed: int) -> np.ndarray:
 def test_random_models_streaming_equals_offline(seed: int) -> None:
     m = random_model(seed, att_context_sizes=((16, 3), (16, 0)))
     for right in (3, 0):
-        rec = Recognizer(m, greedy(m), capacity=1, right_context=right)
+        rec = Recognizer(m, capacity=1, right_context=right)
         for k, secs in enumerate((0.3, 2.17, 4.05)):
             audio = synthetic_audio(secs, seed * 10 + k)
             s = stream_through(rec, audio, np.random.default_rng(k))
-            off = transcribe_offline(m, greedy(m), torch.from_numpy(audio))
+            off = transcribe_offline(m, torch.from_numpy(audio))
             assert (s.tokens, s.times) == off
             assert len(off[0]) > 0
 
@@ -64,7 +64,7 @@ def test_random_models_streaming_equals_offline(seed: int) -> None:
 def run_interleaved(m: Transducer, audios: list[np.ndarray], starts: list[int], rng: np.random.Generator) -> list[Stream]:
     """Streams join at different times, push pieces of random size, and are batched together
     whenever several have a chunk ready."""
-    rec = Recognizer(m, greedy(m), capacity=len(audios))
+    rec = Recognizer(m, capacity=len(audios))
     streams: dict[int, Stream] = {}
     pos = [0] * len(audios)
     done: list[Stream | None] = [None] * len(audios)
@@ -101,20 +101,46 @@ def test_batch_invariance_streams_of_different_lengths_and_start_times() -> None
     for a, s in zip(audios, together):
         alone = run_interleaved(m, [a], starts=[0], rng=np.random.default_rng(1))[0]
         assert (s.tokens, s.times) == (alone.tokens, alone.times)
-        assert (s.tokens, s.times) == transcribe_offline(m, greedy(m), torch.from_numpy(a))
+        assert (s.tokens, s.times) == transcribe_offline(m, torch.from_numpy(a))
 
 
 def test_bf16_produces_tokens_close_to_fp32() -> None:
     m = fixture_model("rnnt").model
     m.encoder.set_att_context((70, 13))
     inp = reference("rnnt")["inputs"]["in3_espeak_sentence"]["audio"]
-    fp32 = transcribe_offline(m, greedy(m), inp)[0]
+    fp32 = transcribe_offline(m, inp)[0]
     bf = Transducer(m.dims).eval()
     bf.load_state_dict(m.state_dict())
     bf.to(torch.bfloat16)
-    rec = Recognizer(bf, greedy(bf), capacity=1, right_context=13)
+    rec = Recognizer(bf, capacity=1, right_context=13)
     s = stream_through(rec, inp.numpy(), np.random.default_rng(0))
     assert len(s.tokens) > 0
     agree = sum(a == b for a, b in zip(s.tokens, fp32)) / max(len(fp32), len(s.tokens))
     print(f"bf16 vs fp32 token agreement (positional): {agree:.2f}")
     assert agree > 0.2  # random-weight fixture with 1e-4 decision margins; trained models agree far more
+
+
+def test_plain_to_mid_stream_is_enough() -> None:
+    """The seed scenario: someone calls `.to()` on the model between steps; the slot state and
+    the decoder follow the parameters on the next step."""
+    m = fixture_model("hybrid").model
+    copy_ = Transducer(m.dims).eval()
+    copy_.load_state_dict(m.state_dict())
+    audio = reference("hybrid")["inputs"]["in1_am_tones_bursts_4p37s"]["audio"].numpy()
+    rec = Recognizer(copy_, capacity=2, right_context=6)
+    s = rec.open()
+    s.push_audio(audio[:30000])
+    rec.step([s])
+    copy_.to(torch.bfloat16)
+    s.push_audio(audio[30000:])
+    rec.step([s])
+    cache, dec = rec.state_tensors()
+    assert cache.channel.dtype == dec.h.dtype == torch.bfloat16
+    copy_.to(torch.float32)
+    s.end()
+    while s.ready:
+        rec.step([s])
+    assert rec.state_tensors()[0].channel.dtype == torch.float32
+    # every encoder frame decoded, none twice
+    assert s.frames_decoded == reference("hybrid")["offline"]["att70_6"]["in1_am_tones_bursts_4p37s"]["encoded_len"]
+    assert len(s.tokens) > 10

@@ -1,0 +1,104 @@
+"""Live migration: move the serving model to another device and/or dtype while streams go on.
+
+1. The target copy of the model is prepared on a worker thread while the engine keeps serving
+   from the source (`prepare`).
+2. At a step boundary (on the engine thread, via `Engine.call`) `cut_over` swaps the model in,
+   converts every live stream's encoder caches and decoder state to the target, and runs one
+   probe step on silence so a target that cannot run (no bf16 kernel, out of memory) is found
+   before any stream depends on it. On any error everything is put back as it was.
+3. The decoder rebuilds its own device state lazily on the first chunk after the move.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from streamd.engine.placement import DTYPE_NAMES, move_model
+from streamd.engine.recognizer import Recognizer
+from streamd.model.transducer import Transducer
+
+log = logging.getLogger("streamd.engine")
+
+
+class MigrationFailed(RuntimeError):
+    """The move did not happen; the engine still serves from the source placement."""
+
+
+@dataclass
+class MigrationReport:
+    ok: bool
+    source: str
+    target: str
+    prepare_ms: float
+    pause_ms: float  # engine paused: swap, state conversion, probe step
+    streams: int
+    error: str = ""
+    at: float = 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def placement(model: Transducer) -> str:
+    return f"{model.device} {DTYPE_NAMES[model.dtype]}"
+
+
+def prepare(master: Transducer, device: torch.device, dtype: torch.dtype) -> Transducer:
+    """A copy of the master weights (fp32, CPU, as loaded) at the target placement, made while
+    the engine keeps serving; fp32 -> bf16 -> fp32 thus gives back the exact fp32 model. Raises whatever the allocation raises (e.g. torch.OutOfMemoryError)."""
+    target = copy.deepcopy(master)
+    try:
+        move_model(target, device, dtype)
+    except BaseException:
+        del target
+        _empty_cache(device)
+        raise
+    return target
+
+
+def cut_over(rec: Recognizer, target: Transducer) -> tuple[float, int]:
+    """Swap `target` in at a step boundary; runs on the engine thread. Returns (pause ms,
+    live streams). Rolls back and raises MigrationFailed if anything fails."""
+    t0 = time.perf_counter()
+    source = rec.model
+    try:
+        rec.use_model(target)
+        rec.state_tensors()  # convert every slot's caches and decoder carry now, inside the pause
+        _probe(rec)
+        _synchronize(target.device)
+    except Exception as e:
+        rec.use_model(source)
+        rec.state_tensors()
+        _empty_cache(target.device)
+        raise MigrationFailed(f"{type(e).__name__}: {e}") from e
+    old_device = source.device
+    del source
+    _empty_cache(old_device)
+    return (time.perf_counter() - t0) * 1000, rec.active
+
+
+def _probe(rec: Recognizer) -> None:
+    """One silent chunk through encoder and decoder on a throwaway slot-free batch."""
+    s = rec.open()
+    try:
+        s.push_audio(np.zeros(rec.geometry.window * 160, dtype=np.float32))
+        s.end()
+        while s.ready:
+            rec.step([s])
+    finally:
+        rec.close(s)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _empty_cache(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
