@@ -6,6 +6,7 @@ import asyncio
 import logging
 import signal
 import ssl
+from pathlib import Path
 from http import HTTPStatus
 from typing import Any
 
@@ -28,6 +29,11 @@ from streamd.server.metrics import CONTENT_TYPE, Metrics
 from streamd.server.protocol import STREAM_PATH
 
 log = logging.getLogger("streamd.server")
+STATIC = Path(__file__).resolve().parent / "static"
+# The browser client (microphone capture over the same websocket protocol).
+STATIC_FILES = {"/": ("index.html", "text/html; charset=utf-8"),
+                "/app.js": ("app.js", "text/javascript; charset=utf-8"),
+                "/capture-worklet.js": ("capture-worklet.js", "text/javascript; charset=utf-8")}
 
 
 def build_state(cfg: Config, metrics: Metrics) -> ServerState:
@@ -83,6 +89,9 @@ class App:
             return _response(HTTPStatus.SERVICE_UNAVAILABLE, b"not ready\n")
         if path == "/metrics":
             return _response(HTTPStatus.OK, self.state.metrics.render(), CONTENT_TYPE)
+        if path in STATIC_FILES:
+            name, kind = STATIC_FILES[path]
+            return _response(HTTPStatus.OK, (STATIC / name).read_bytes(), kind)
         if path != STREAM_PATH:
             return _response(HTTPStatus.NOT_FOUND, b"not found\n")
         if not self.accepting:
