@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Everything that needs a GPU, in one call on the device machine (results under $OUT or ./gpu-out):
+# the `cuda`-marked tests, the decoder benchmark, the live-migration benchmark and the load test.
+# Carries: .whl (websockets, soxr wheels for the image's Python; see README "GPU runs").
+#   bash scripts/gpu_suite.sh [tests|bench|all]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1
+what=${1:-all}
+status=0
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  python3 -m pytest -q -m cuda -p no:cacheprovider tests 2>&1 | tee "$OUT/cuda-tests.log" || status=1
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  python3 scripts/bench_decoder.py --out "$OUT/bench_decoder.json" 2>&1 | tee "$OUT/bench_decoder.log" || status=1
+  python3 scripts/bench_migration.py --streams 256 --seconds 45 --out "$OUT/bench_migration.json" \
+    2>&1 | tee "$OUT/bench_migration.log" || status=1
+fi
+exit $status
