@@ -88,16 +88,60 @@ def _run_admin(args: argparse.Namespace) -> int:
         return 1
 
 
+def _add_transcribe(sub: argparse._SubParsersAction) -> None:
+    from streamd.clients.common import DEFAULT_URL
+    from streamd.clients.output import FORMATS
+
+    p = sub.add_parser("transcribe", help="transcribe audio files through a running daemon")
+    p.add_argument("files", nargs="+", help="audio files (WAV/FLAC/OGG, any rate and channel count)")
+    p.add_argument("--url", default=DEFAULT_URL, help="the daemon, ws://HOST:PORT or wss://... (default: %(default)s)")
+    p.add_argument("--format", choices=FORMATS, default="text", help="output format (default: %(default)s)")
+    p.add_argument("--realtime", action="store_true",
+                   help="send the audio in real time, like a live source (default: as fast as the daemon takes it)")
+    p.add_argument("--jobs", type=int, default=4, help="files streamed concurrently (default: %(default)s)")
+    p.add_argument("--output-dir", help="write DIR/NAME.txt|jsonl|srt|vtt per file instead of printing")
+    p.add_argument("--cafile", help="PEM file of the CA (or self-signed certificate) to trust for wss://")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on a terminal")
+
+
+def _run_transcribe(args: argparse.Namespace) -> int:
+    from streamd.clients import file
+
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
+    return file.run(args)
+
+
+def _add_listen(sub: argparse._SubParsersAction) -> None:
+    from streamd.clients.common import DEFAULT_URL
+
+    p = sub.add_parser("listen", help="transcribe the microphone live through a running daemon")
+    p.add_argument("--url", default=DEFAULT_URL, help="the daemon, ws://HOST:PORT or wss://... (default: %(default)s)")
+    p.add_argument("--device", help="input device: index or part of its name (default: the system's)")
+    p.add_argument("--list-devices", action="store_true", help="list input devices and exit")
+    p.add_argument("--rate", type=int, help="capture rate in Hz (default: the device's native rate)")
+    p.add_argument("--cafile", help="PEM file of the CA (or self-signed certificate) to trust for wss://")
+
+
+def _run_listen(args: argparse.Namespace) -> int:
+    from streamd.clients import mic
+
+    return mic.run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streamd", description="Real-time streaming speech recognition.")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_decode(sub)
     _add_serve(sub)
     _add_admin(sub)
+    _add_transcribe(sub)
+    _add_listen(sub)
     return parser
 
 
-COMMANDS = {"decode": _run_decode, "serve": _run_serve, "admin": _run_admin}
+COMMANDS = {"decode": _run_decode, "serve": _run_serve, "admin": _run_admin,
+            "transcribe": _run_transcribe, "listen": _run_listen}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,232 @@
+"""What every client shares: open a stream, send PCM, read results, print them, retry.
+
+Only the documented protocol is used (``streamd.server.protocol`` is Sans-I/O and imports
+no torch). :func:`open_stream` performs the handshake and the ``start``/``ready`` exchange;
+:class:`Session` sends audio and iterates over partials and finals; :func:`retry_delay`
+decides, from the error, whether and when to reconnect.
+"""
+from __future__ import annotations
+
+import contextlib
+import random
+import shutil
+import ssl
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TextIO
+from urllib.parse import urlsplit, urlunsplit
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+
+from streamd.errors import ProtocolViolation
+from streamd.server.protocol import (STREAM_PATH, Error, Final, Partial, Ready, Start, Stop, Summary,
+                                     encode_client_message, parse_server_message)
+
+DEFAULT_URL = "ws://127.0.0.1:8765"
+# Errors that a new connection would only repeat: the client must change, not retry.
+FATAL_CODES = frozenset({"protocol_violation", "unsupported_audio", "unauthorized", "message_too_big"})
+_HTTP_SERVICE_UNAVAILABLE = 503
+
+
+class StreamError(Exception):
+    """The server ended the stream with an ``error`` message (or refused the handshake)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+    @property
+    def retryable(self) -> bool:
+        """A new connection may succeed (overload, server fault, expiry)."""
+        return self.code not in FATAL_CODES
+
+
+class ServerBusy(StreamError):
+    """HTTP 503 at the handshake: the daemon is full or draining; retry after ``retry_after``."""
+
+    def __init__(self, retry_after: float) -> None:
+        super().__init__("unavailable", f"the daemon is full or draining (retry after {retry_after:g} s)")
+        self.retry_after = retry_after
+
+
+class ConnectionLost(StreamError):
+    """The connection closed without a ``summary`` (daemon killed, network gone)."""
+
+    def __init__(self, close_code: int | None) -> None:
+        super().__init__("connection_lost", f"connection closed without a summary (code {close_code})")
+        self.close_code = close_code
+
+
+def stream_url(url: str) -> str:
+    """The stream endpoint for ``url``: ``ws://host:port`` gets the protocol path appended."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("ws", "wss"):
+        raise ValueError(f"expected a ws:// or wss:// URL, got {url!r}")
+    path = parts.path if parts.path not in ("", "/") else STREAM_PATH
+    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
+
+def ssl_context(url: str, cafile: str | None) -> ssl.SSLContext | None:
+    """For wss://, a context trusting the system CAs plus ``cafile`` (e.g. a self-signed cert)."""
+    if urlsplit(url).scheme != "wss":
+        return None
+    return ssl.create_default_context(cafile=cafile)
+
+
+@dataclass
+class Backoff:
+    """Exponential reconnection delays with jitter: 0.5 s, 1 s, 2 s ... up to ``maximum``."""
+
+    initial: float = 0.5
+    maximum: float = 10.0
+    factor: float = 2.0
+    jitter: float = 0.1
+    _attempt: int = 0
+
+    def next(self) -> float:
+        """The delay before the next attempt."""
+        delay = min(self.maximum, self.initial * self.factor ** self._attempt)
+        self._attempt += 1
+        return delay * random.uniform(1 - self.jitter, 1 + self.jitter)
+
+    def reset(self) -> None:
+        """Back to the initial delay (after a successful connection)."""
+        self._attempt = 0
+
+
+def retry_delay(exc: BaseException, backoff: Backoff) -> float | None:
+    """Seconds to wait before reconnecting after ``exc``, or None when retrying cannot help."""
+    if isinstance(exc, ServerBusy):
+        return max(exc.retry_after, backoff.next())
+    if isinstance(exc, StreamError):
+        return backoff.next() if exc.retryable else None
+    if isinstance(exc, (OSError, TimeoutError, ConnectionClosed)):  # refused, reset, unreachable
+        return backoff.next()
+    return None
+
+
+class Session:
+    """One open stream: send audio, then ``stop``; iterate over the results."""
+
+    def __init__(self, ws: ClientConnection, ready: Ready) -> None:
+        self.ws = ws
+        self.ready = ready
+        self.summary: Summary | None = None
+
+    async def send_audio(self, pcm: bytes) -> None:
+        """One binary message of PCM in the format declared in ``start``."""
+        await self.ws.send(pcm)
+
+    async def stop(self) -> None:
+        """No more audio: the server sends the last final and the summary, then closes."""
+        await self.ws.send(encode_client_message(Stop()))
+
+    async def results(self) -> AsyncIterator[Partial | Final]:
+        """Partials and finals until the summary (kept in :attr:`summary`).
+
+        Raises:
+            StreamError: the server sent an ``error``.
+            ConnectionLost: the connection closed before the summary.
+        """
+        try:
+            async for text in self.ws:
+                message = parse_server_message(str(text))
+                if isinstance(message, Error):
+                    raise StreamError(message.code, message.message)
+                if isinstance(message, Summary):
+                    self.summary = message
+                    return
+                if isinstance(message, (Partial, Final)):
+                    yield message
+        except ConnectionClosed:
+            pass
+        raise ConnectionLost(self.ws.close_code)
+
+
+@contextlib.asynccontextmanager
+async def open_stream(url: str, start: Start, cafile: str | None = None,
+                      open_timeout: float = 10.0) -> AsyncIterator[Session]:
+    """Connect, send ``start``, wait for ``ready``; close the connection on exit.
+
+    Raises:
+        ServerBusy: HTTP 503 (full or draining).
+        StreamError: any other refusal, or an ``error`` instead of ``ready``.
+        OSError, TimeoutError: the daemon cannot be reached.
+    """
+    endpoint = stream_url(url)
+    try:
+        ws = await connect(endpoint, ssl=ssl_context(endpoint, cafile), open_timeout=open_timeout,
+                           compression=None, max_size=None)
+    except InvalidStatus as e:
+        response = e.response
+        if response.status_code == _HTTP_SERVICE_UNAVAILABLE:
+            raise ServerBusy(float(response.headers.get("Retry-After", "1"))) from None
+        raise StreamError("handshake_refused", f"HTTP {response.status_code} from {endpoint}") from None
+    except InvalidHandshake as e:
+        raise StreamError("handshake_failed", f"{endpoint}: {e}") from None
+    try:
+        await ws.send(encode_client_message(start))
+        try:
+            first = parse_server_message(str(await ws.recv()))
+        except ConnectionClosed:
+            raise ConnectionLost(ws.close_code) from None
+        except ProtocolViolation as e:
+            raise StreamError("bad_reply", f"{endpoint} does not speak protocol v1: {e}") from None
+        if isinstance(first, Error):
+            raise StreamError(first.code, first.message)
+        if not isinstance(first, Ready):
+            raise StreamError("bad_reply", f"expected ready, got {first.type}")
+        yield Session(ws, first)
+    finally:
+        await ws.close()
+
+
+def format_time(seconds: float) -> str:
+    """``MM:SS.mmm``, or ``H:MM:SS.mmm`` from one hour on (as Whisper's CLI prints times)."""
+    ms = round(seconds * 1000)
+    hours, rest = divmod(ms, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    text = f"{minutes:02d}:{rest // 1000:02d}.{rest % 1000:03d}"
+    return f"{hours}:{text}" if hours else text
+
+
+class LiveDisplay:
+    """Prints results: the partial on one line rewritten in place, each final on its own line.
+
+    On a terminal (``live``) the partial shows the tail of the hypothesis, cut to the terminal
+    width so the line never wraps; elsewhere (pipes, files) only finals are printed. Status
+    messages go to ``err``.
+    """
+
+    def __init__(self, out: TextIO, err: TextIO, live: bool | None = None) -> None:
+        self.out, self.err = out, err
+        self.live = out.isatty() if live is None else live
+        self._partial_shown = False
+
+    def partial(self, text: str) -> None:
+        if not self.live:
+            return
+        width = shutil.get_terminal_size().columns - 1
+        shown = text if len(text) <= width else "…" + text[-(width - 1):]
+        self.out.write("\r\x1b[K" + shown)
+        self.out.flush()
+        self._partial_shown = True
+
+    def final(self, text: str, start: float, end: float) -> None:
+        self._clear()
+        if text:
+            self.out.write(f"[{format_time(start)} --> {format_time(end)}] {text}\n")
+            self.out.flush()
+
+    def status(self, message: str) -> None:
+        self._clear()
+        self.err.write(message + "\n")
+        self.err.flush()
+
+    def _clear(self) -> None:
+        if self._partial_shown:
+            self.out.write("\r\x1b[K")
+            self.out.flush()
+            self._partial_shown = False

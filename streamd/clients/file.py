@@ -1,0 +1,177 @@
+"""`streamd transcribe FILE...`: transcribe audio files through a running daemon.
+
+Files are read with soundfile (WAV, FLAC, OGG, ... at any rate and channel count) and sent as
+s16le at their own rate and channel count: the daemon resamples and mixes to mono. Only what
+the protocol cannot carry is converted here: rates outside 8-48 kHz are resampled to 16 kHz and
+more than 8 channels are mixed to mono.
+
+Audio goes out in 100 ms messages, as fast as the daemon accepts them or, with ``realtime``,
+each one when its audio would have been spoken (like a live source). Several files are streamed
+concurrently (``jobs``); results are printed in the order of the files, each as soon as it and
+the ones before it are done. A file whose stream fails for a reason that reconnecting can fix
+(daemon restarting, full, lost connection) is sent again from the start.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+import numpy as np
+import soundfile as sf
+import soxr  # type: ignore[import-untyped]
+
+from streamd.audio.pcm import MAX_CHANNELS, MAX_SAMPLE_RATE, MIN_SAMPLE_RATE, MODEL_RATE
+from streamd.clients.common import DEFAULT_URL, Backoff, Session, open_stream, retry_delay
+from streamd.clients.output import EXTENSIONS, Transcript, render
+from streamd.clients.progress import Progress
+from streamd.server.protocol import Final, Start
+
+CHUNK_S = 0.1
+ATTEMPTS = 5
+
+
+@dataclass(frozen=True)
+class Audio:
+    """Interleaved s16le PCM ready to send, with the format to declare in ``start``."""
+
+    pcm: bytes
+    rate: int
+    channels: int
+
+    @property
+    def duration(self) -> float:
+        return len(self.pcm) / (2 * self.channels * self.rate)
+
+
+@dataclass(frozen=True)
+class Options:
+    """How to stream: the daemon, real-time pacing, files at once, the CA for wss://."""
+
+    url: str = DEFAULT_URL
+    realtime: bool = False
+    jobs: int = 4
+    cafile: str | None = None
+
+
+def load_audio(path: str) -> Audio:
+    """Read a file as 16-bit PCM in a format the protocol accepts."""
+    data, rate = sf.read(path, dtype="int16", always_2d=True)
+    if data.shape[1] > MAX_CHANNELS:
+        data = data.mean(axis=1, keepdims=True).round().astype(np.int16)
+    if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
+        data, rate = soxr.resample(data, rate, MODEL_RATE), MODEL_RATE
+    return Audio(np.ascontiguousarray(data).tobytes(), rate, data.shape[1])
+
+
+async def _send(session: Session, audio: Audio, realtime: bool, sent: Callable[[float], None]) -> None:
+    frame = 2 * audio.channels
+    step = round(audio.rate * CHUNK_S) * frame
+    clock = asyncio.get_running_loop()
+    t0 = clock.time()
+    for offset in range(0, len(audio.pcm), step):
+        seconds = min(offset + step, len(audio.pcm)) / frame / audio.rate
+        if realtime:  # on an absolute schedule, so sleeping late never accumulates drift
+            await asyncio.sleep(max(0.0, t0 + seconds - clock.time()))
+        await session.send_audio(audio.pcm[offset: offset + step])
+        sent(seconds)
+    await session.stop()
+
+
+async def _stream(audio: Audio, options: Options, sent: Callable[[float], None]) -> list[Final]:
+    start = Start(sample_rate=audio.rate, encoding="s16le", channels=audio.channels,
+                  interim_results=False, word_times=True)
+    async with open_stream(options.url, start, options.cafile) as session:
+        sender = asyncio.create_task(_send(session, audio, options.realtime, sent))
+        try:
+            finals = [r async for r in session.results() if isinstance(r, Final)]
+            await sender
+            return finals
+        finally:
+            sender.cancel()
+            await asyncio.gather(sender, return_exceptions=True)
+
+
+async def transcribe_file(path: str, options: Options,
+                          sent: Callable[[float], None] = lambda seconds: None) -> Transcript:
+    """Stream one file and collect its finals; errors are returned in the transcript."""
+    try:
+        audio = await asyncio.to_thread(load_audio, path)
+    except (OSError, sf.LibsndfileError, ValueError) as e:
+        return Transcript(path, 0.0, error=str(e))
+    backoff = Backoff()
+    attempt = 1
+    while True:
+        sent(0.0)
+        try:
+            return Transcript(path, audio.duration, await _stream(audio, options, sent))
+        except Exception as e:
+            delay = retry_delay(e, backoff)
+            if delay is None or attempt == ATTEMPTS:
+                return Transcript(path, audio.duration, error=f"{options.url}: {str(e) or type(e).__name__}")
+        attempt += 1
+        await asyncio.sleep(delay)
+
+
+def _duration(path: str) -> float:
+    """From the header alone (0 for unreadable files: their error comes later)."""
+    try:
+        return float(sf.info(path).duration)
+    except (OSError, sf.LibsndfileError, ValueError):
+        return 0.0
+
+
+async def transcribe_files(paths: Sequence[str], options: Options, emit: Callable[[Transcript], None],
+                           progress_out: TextIO | None = None) -> list[Transcript]:
+    """Stream ``paths``, at most ``options.jobs`` at once; ``emit`` each result in order.
+
+    A progress bar is drawn on ``progress_out`` if given.
+    """
+    durations = await asyncio.to_thread(lambda: [_duration(p) for p in paths])
+    progress = Progress(durations, progress_out or sys.stderr, enabled=progress_out is not None)
+    slots = asyncio.Semaphore(options.jobs)
+
+    async def one(i: int) -> Transcript:
+        async with slots:
+            t = await transcribe_file(paths[i], options, lambda seconds: progress.update(i, seconds))
+        progress.done(i)
+        return t
+
+    tasks = [asyncio.create_task(one(i)) for i in range(len(paths))]
+    results = []
+    for task in tasks:
+        results.append(await task)
+        progress.clear()
+        emit(results[-1])
+    return results
+
+
+def _writer(fmt: str, output_dir: str | None, named: bool) -> Callable[[Transcript], None]:
+    def emit(t: Transcript) -> None:
+        if t.error is not None and fmt != "jsonl":
+            print(f"streamd transcribe: {t.file}: {t.error}", file=sys.stderr)
+            return
+        text = render(t, fmt, named)
+        if output_dir is None:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        else:
+            Path(output_dir, f"{Path(t.file).stem}.{EXTENSIONS[fmt]}").write_text(text, encoding="utf-8")
+    return emit
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of `streamd transcribe`; exit status 1 if any file failed."""
+    if args.format in ("srt", "vtt") and len(args.files) > 1 and args.output_dir is None:
+        raise ValueError(f"--format {args.format} with several files needs --output-dir")
+    if args.output_dir is not None:
+        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+    options = Options(args.url, args.realtime, args.jobs, args.cafile)
+    emit = _writer(args.format, args.output_dir, named=len(args.files) > 1)
+    progress_out = sys.stderr if not args.no_progress and sys.stderr.isatty() else None
+    results = asyncio.run(transcribe_files(args.files, options, emit, progress_out))
+    return 1 if any(t.error is not None for t in results) else 0

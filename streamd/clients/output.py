@@ -1,0 +1,111 @@
+"""Transcripts as text, JSON lines, SRT or WebVTT.
+
+Subtitle cues are built from the finals' word times (the file client asks for ``word_times``):
+an utterance longer than ``MAX_CUE_CHARS`` characters or ``MAX_CUE_S`` seconds is split between
+words into several cues, each wrapped to lines of at most ``LINE_CHARS`` characters.
+"""
+from __future__ import annotations
+
+import json
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from streamd.server.protocol import Final, Word
+
+FORMATS = ("text", "jsonl", "srt", "vtt")
+EXTENSIONS = {"text": "txt", "jsonl": "jsonl", "srt": "srt", "vtt": "vtt"}
+LINE_CHARS = 42
+MAX_CUE_CHARS = 2 * LINE_CHARS
+MAX_CUE_S = 7.0
+MIN_CUE_S = 0.08  # one encoder frame: a cue never ends before it starts
+
+
+@dataclass(frozen=True)
+class Transcript:
+    """What a file produced: its finals, or the error that stopped it."""
+
+    file: str
+    duration: float
+    finals: Sequence[Final] = ()
+    error: str | None = None
+
+    @property
+    def text(self) -> str:
+        return " ".join(f.text for f in self.finals if f.text)
+
+
+@dataclass(frozen=True)
+class Cue:
+    start: float
+    end: float
+    text: str
+
+
+def cues(finals: Sequence[Final]) -> list[Cue]:
+    """Subtitle cues: one per utterance, split between words when too long, not overlapping."""
+    out: list[Cue] = []
+    for final in finals:
+        if not final.text:
+            continue
+        words = final.words or (Word(final.text, final.start, final.end),)
+        group: list[Word] = []
+        for w in words:
+            longer = " ".join(x.word for x in (*group, w))
+            if group and (len(longer) > MAX_CUE_CHARS or w.end - group[0].start > MAX_CUE_S):
+                out.append(_cue(group))
+                group = []
+            group.append(w)
+        out.append(_cue(group))
+    return _no_overlap(out)
+
+
+def _no_overlap(cues: list[Cue]) -> list[Cue]:
+    """End each cue where the next one starts (a word may end after the next one began)."""
+    for i, (cue, following) in enumerate(zip(cues, cues[1:])):
+        if cue.end > following.start > cue.start:
+            cues[i] = Cue(cue.start, following.start, cue.text)
+    return cues
+
+
+def _cue(words: Sequence[Word]) -> Cue:
+    start = words[0].start
+    text = "\n".join(textwrap.wrap(" ".join(w.word for w in words), LINE_CHARS))
+    return Cue(start, max(words[-1].end, start + MIN_CUE_S), text)
+
+
+def _timestamp(seconds: float, separator: str) -> str:
+    ms = round(seconds * 1000)
+    hours, rest = divmod(ms, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    return f"{hours:02d}:{minutes:02d}:{rest // 1000:02d}{separator}{rest % 1000:03d}"
+
+
+def srt(finals: Sequence[Final]) -> str:
+    """SubRip: numbered cues, ``HH:MM:SS,mmm --> HH:MM:SS,mmm``, a blank line after each."""
+    return "".join(f"{i}\n{_timestamp(c.start, ',')} --> {_timestamp(c.end, ',')}\n{c.text}\n\n"
+                   for i, c in enumerate(cues(finals), 1))
+
+
+def vtt(finals: Sequence[Final]) -> str:
+    """WebVTT: the ``WEBVTT`` header, then cues with ``HH:MM:SS.mmm`` times."""
+    return "WEBVTT\n\n" + "".join(f"{_timestamp(c.start, '.')} --> {_timestamp(c.end, '.')}\n{c.text}\n\n"
+                                  for c in cues(finals))
+
+
+def jsonl(t: Transcript) -> str:
+    """One JSON object: file, text, duration, utterances (or file and error)."""
+    if t.error is not None:
+        return json.dumps({"file": t.file, "error": t.error}, ensure_ascii=False) + "\n"
+    utterances = [{"text": f.text, "start": f.start, "end": f.end, "reason": f.reason} for f in t.finals if f.text]
+    return json.dumps({"file": t.file, "text": t.text, "duration": round(t.duration, 3),
+                       "utterances": utterances}, ensure_ascii=False) + "\n"
+
+
+def render(t: Transcript, fmt: str, named: bool) -> str:
+    """``t`` in format ``fmt``; ``named`` prefixes plain text with the file name."""
+    if fmt == "jsonl":
+        return jsonl(t)
+    if fmt == "text":
+        return f"{t.file}: {t.text}\n" if named else t.text + "\n"
+    return srt(t.finals) if fmt == "srt" else vtt(t.finals)

@@ -1,0 +1,130 @@
+// The browser client of streamd's protocol v1 (docs/protocol.md): microphone -> AudioWorklet ->
+// 16-bit PCM at the audio context's rate over the websocket (the server resamples); partials and
+// finals are shown live. The page's state is in the DOM for scripts and tests:
+// body[data-state] (idle, connecting, listening, stopping, closed, error), body[data-endpoint],
+// and one #finals li[data-reason][data-start][data-end] with a .text span per final.
+'use strict';
+
+const BLOCK_S = 0.05;  // 50 ms per message
+const $ = (id) => document.getElementById(id);
+let session = null;    // {ws, mic, error, summary} while a stream is open
+
+function setState(state, message) {
+  document.body.dataset.state = state;
+  $('status').textContent = message;
+  $('toggle').textContent = state === 'listening' ? 'Stop' : 'Start';
+  $('toggle').disabled = state === 'connecting' || state === 'stopping';
+}
+
+// ws:// next to http:// (localhost), wss:// next to https:// (browsers allow the microphone
+// only on secure origins, and a secure page may not open a ws:// socket).
+function streamUrl() {
+  const scheme = location.protocol === 'https:' ? 'wss:' : 'ws:';
+  return `${scheme}//${location.host}/v1/stream`;
+}
+
+function formatTime(seconds) {
+  const minutes = Math.floor(seconds / 60);
+  return `${String(minutes).padStart(2, '0')}:${(seconds - 60 * minutes).toFixed(2).padStart(5, '0')}`;
+}
+
+function showFinal(msg) {
+  $('partial').textContent = '';
+  if (!msg.text) return;
+  const item = document.createElement('li');
+  Object.assign(item.dataset, {reason: msg.reason, start: msg.start, end: msg.end});
+  const time = document.createElement('span');
+  time.className = 'time';
+  time.textContent = `${formatTime(msg.start)} – ${formatTime(msg.end)}`;
+  const text = document.createElement('span');
+  text.className = 'text';
+  text.textContent = msg.text;
+  item.append(time, text);
+  $('finals').append(item);
+}
+
+function onMessage(msg) {
+  switch (msg.type) {
+    case 'ready':
+      setState('listening', `Listening (${msg.sample_rate} Hz)…`);
+      $('session').textContent = `${msg.model} on ${msg.device} (${msg.dtype}), ` +
+        `${msg.chunk_ms} ms chunks, session ${msg.session_id}`;
+      break;
+    case 'partial':
+      $('partial').textContent = msg.text;
+      break;
+    case 'final':
+      showFinal(msg);
+      break;
+    case 'error':
+      session.error = `${msg.code}: ${msg.message}`;
+      break;
+    case 'summary':
+      session.summary = msg;
+      break;
+  }
+}
+
+async function openMicrophone() {
+  const media = await navigator.mediaDevices.getUserMedia(
+    {audio: {channelCount: 1, echoCancellation: false, noiseSuppression: false, autoGainControl: false}});
+  const context = new AudioContext();
+  await context.audioWorklet.addModule('capture-worklet.js');
+  const node = new AudioWorkletNode(context, 'pcm-capture',
+    {processorOptions: {blockSize: Math.round(context.sampleRate * BLOCK_S)}});
+  context.createMediaStreamSource(media).connect(node);
+  node.connect(context.destination);  // keeps the graph pulling the node; it outputs silence
+  return {media, context, node};
+}
+
+function releaseMicrophone(mic) {
+  mic.node.port.onmessage = null;
+  mic.media.getTracks().forEach((track) => track.stop());
+  if (mic.context.state !== 'closed') mic.context.close();
+}
+
+function onClose(event) {
+  releaseMicrophone(session.mic);
+  const {error, summary} = session;
+  session = null;
+  if (error) {
+    setState('error', `Error: ${error}`);
+  } else if (summary) {
+    const why = summary.reason === 'shutdown' ? 'the server is shutting down' : 'stopped';
+    setState('closed', `Done (${why}): ${summary.utterances} utterances, ${summary.audio_seconds.toFixed(1)} s of audio.`);
+  } else {
+    setState('error', `Connection closed (code ${event.code}).`);
+  }
+}
+
+async function start() {
+  setState('connecting', 'Opening the microphone…');
+  let mic;
+  try {
+    mic = await openMicrophone();
+  } catch (e) {
+    setState('error', `Microphone unavailable: ${e.message}`);
+    return;
+  }
+  const url = streamUrl();
+  document.body.dataset.endpoint = url;
+  setState('connecting', `Connecting to ${url}…`);
+  const ws = new WebSocket(url);
+  ws.binaryType = 'arraybuffer';
+  session = {ws, mic, error: null, summary: null};
+  ws.onopen = () => ws.send(JSON.stringify(
+    {type: 'start', sample_rate: mic.context.sampleRate, encoding: 's16le'}));
+  mic.node.port.onmessage = (event) => {
+    if (ws.readyState === WebSocket.OPEN) ws.send(event.data);
+  };
+  ws.onmessage = (event) => onMessage(JSON.parse(event.data));
+  ws.onclose = onClose;
+}
+
+function stop() {
+  setState('stopping', 'Finishing…');
+  releaseMicrophone(session.mic);
+  session.ws.send(JSON.stringify({type: 'stop'}));
+}
+
+$('toggle').addEventListener('click', () => (session ? stop() : start()));

@@ -1,0 +1,86 @@
+"""The page served at `/`, in real headless Chromium with a fake microphone playing a WAV.
+
+Chromium resamples the WAV to its audio context's rate, the page sends 16-bit PCM at that rate,
+the daemon resamples it back: the gibberish transcript of the fixture model cannot be known in
+advance. So the test checks that (1) the daemon received the WAV (correlation with the file),
+(2) the page shows exactly the finals that the received audio gives, and (3) over TLS the page
+switched to wss:// by itself.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import soundfile as sf
+
+from chromium_cdp import launch
+from client_support import PushRecorder, best_correlation, replay_finals, speech
+from daemon import config, running
+from streamd.config import EndpointingConfig
+
+CHROMIUM = shutil.which("chromium")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
+
+FINALS_JS = ("JSON.stringify([...document.querySelectorAll('#finals li')].map("
+             "li => ({text: li.querySelector('.text').textContent, reason: li.dataset.reason})))")
+
+
+def self_signed(tmp: Path) -> tuple[Path, Path]:
+    if shutil.which("openssl") is None:
+        pytest.skip("needs openssl to make a certificate")
+    cert, key = tmp / "cert.pem", tmp / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    return cert, key
+
+
+@pytest.mark.parametrize("scheme", ["ws", "wss"])
+def test_page_transcribes_the_microphone(tmp_path: Path, scheme: str) -> None:
+    wav = tmp_path / "speech.wav"
+    sf.write(wav, speech(pad_s=1.0), 16000, subtype="PCM_16")
+    tls = dict(zip(("tls_cert", "tls_key"), self_signed(tmp_path))) if scheme == "wss" else {}
+    flags = ["--use-fake-device-for-media-stream", f"--use-file-for-fake-audio-capture={wav}",
+             "--use-fake-ui-for-media-stream", "--autoplay-policy=no-user-gesture-required"]
+    if tls:
+        flags.append("--ignore-certificate-errors")
+    shots = Path(os.environ.get("STREAMD_SCREENSHOT_DIR", tmp_path))
+    shot = shots / ("streamd-browser.png" if scheme == "ws" else "streamd-browser-wss.png")
+
+    async def main() -> None:
+        # endpoints on silence after speech, and at the latest every 3 s (the fixture model
+        # sometimes babbles on silence)
+        rules = EndpointingConfig(max_utterance_ms=3000)
+        async with running(dataclasses.replace(config(**tls), endpointing=rules)) as (app, url):
+            page_url = url.replace("ws", "https" if tls else "http", 1) + "/"
+            received = PushRecorder(app)
+            async with launch(str(CHROMIUM), tmp_path / "profile", flags, tmp_path / "chromium.log") as browser:
+                page = await browser.new_page()
+                await page.goto(page_url)
+                assert await page.evaluate("document.body.dataset.state") == "idle"
+                await page.evaluate("document.getElementById('toggle').click()", user_gesture=True)
+                # the fake microphone loops the WAV: wait for two finals
+                await page.wait_for("document.querySelectorAll('#finals li').length >= 2", timeout=90)
+                await page.screenshot(shot)
+                assert await page.evaluate("document.body.dataset.endpoint") == \
+                    f"{'wss' if tls else 'ws'}://{page_url.split('/')[2]}/v1/stream"
+                await page.evaluate("document.getElementById('toggle').click()", user_gesture=True)
+                status = await page.wait_for(
+                    "['closed', 'error'].includes(document.body.dataset.state) && document.body.dataset.state", 30)
+                assert status == "closed", await page.evaluate("document.getElementById('status').textContent")
+                shown = json.loads(await page.evaluate(FINALS_JS))
+            audio = received.stop()
+            assert best_correlation(audio, speech(pad_s=0.0)) > 0.9, "the daemon did not receive the WAV"
+            cafile = str(tls["tls_cert"]) if tls else None
+            expected = await replay_finals(url.replace("ws", scheme, 1), audio, cafile)
+            assert len(shown) >= 2 and all(f["text"] for f in shown)
+            assert shown == [{"text": f.text, "reason": f.reason} for f in expected]
+
+    asyncio.run(main())
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
