@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# One GPU-machine call (at most 10 minutes), from the repository root:
+#
+#   bash recipes/run_gpu.sh train [BUDGET_MIN [MAX_STEPS]]   synthesise train + dev, train, save
+#   bash recipes/run_gpu.sh eval  [BUDGET_MIN]               synthesise eval sets, evaluate
+#
+# Carried in: .carry/tts/root.tar.xz, the text (.carry/text.tar.xz or .carry/text/*.txt), and
+# for train .carry/ckpt/{summary.json,last.pt.000,...} (absent on the first call), for eval
+# .carry/ckpt/default-model.pt (whole or .000 parts). Everything comes back in $OUT (at most 8
+# files of <= 16 MiB): run.log, summary.json, last.pt.000.. and, when the dev WER improved on the
+# best so far, default-model.pt.000..; eval writes eval.md and eval.json.
+# BUDGET_MIN (default 9.2) is the wall clock this script may use; training gets what is left
+# after synthesis minus a margin. The same seeds every call: the data are the same every call.
+# Knobs (environment): N_TRAIN=40000 N_DEV=1000 N_EVAL=640 WORKERS=16 DEVICE=cuda TRAIN_ARGS=...
+set -uo pipefail
+MODE=${1:-train}
+BUDGET_MIN=${2:-9.2}
+MAX_STEPS=${3:-6000}
+T0=$(date +%s)
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+OUT=${OUT:-$PWD/.out/run}
+WORK=${WORK:-/tmp/streamd-run}
+N_TRAIN=${N_TRAIN:-40000}
+N_DEV=${N_DEV:-1000}
+N_EVAL=${N_EVAL:-640}
+WORKERS=${WORKERS:-16}
+DEVICE=${DEVICE:-cuda}
+CKPT=.carry/ckpt
+mkdir -p "$OUT" "$WORK"
+LOG=$OUT/run.log
+
+log() { echo "[$(date +%H:%M:%S) +$(( $(date +%s) - T0 ))s] $*" | tee -a "$LOG"; }
+die() { log "FAILED: $*"; exit 1; }
+
+# -- unpack the carried engines and text ---------------------------------------------------------
+[ -f .carry/tts/root.tar.xz ] || die "no .carry/tts/root.tar.xz (carry it)"
+tar -xJf .carry/tts/root.tar.xz -C .carry/tts || die "unpacking the TTS engines"
+if [ -f .carry/text.tar.xz ]; then tar -xJf .carry/text.tar.xz -C .carry || die "unpacking the text"; fi
+for f in train dev eval; do [ -s .carry/text/$f.txt ] || die "no .carry/text/$f.txt"; done
+log "mode $MODE, budget $BUDGET_MIN min; $(nproc) cores; $(python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())')"
+
+# synth NAME TEXT VOICES N SEED WORKERS  ->  $WORK/NAME/manifest.jsonl
+synth() {
+    rm -rf "${WORK:?}/$1"
+    python3 -m recipes.synthetic.synth --text ".carry/text/$2" --voices "$3" --n "$4" --seed "$5" \
+        --out "$WORK/$1" --engines-root .carry/tts/root --workers "$6" >"$WORK/$1.json" 2>"$WORK/$1.err"
+    local rc=$?
+    log "synth $1 ($2, $3 voices, n=$4, seed $5): rc $rc $(cat "$WORK/$1.json" 2>/dev/null)"
+    [ $rc -eq 0 ] || tail -5 "$WORK/$1.err" | tee -a "$LOG"
+    return $rc
+}
+
+if [ "$MODE" = train ]; then
+    synth train train.txt train "$N_TRAIN" 0 "$WORKERS" & p1=$!
+    synth dev dev.txt train "$N_DEV" 1 4 & p2=$!
+    wait $p1 || die "train synthesis"
+    wait $p2 || die "dev synthesis"
+    RESUME=()
+    if [ -e $CKPT/last.pt ] || [ -e $CKPT/last.pt.000 ]; then
+        RESUME=(--resume $CKPT/last.pt)
+        log "resuming from $CKPT/last.pt ($(ls $CKPT | tr '\n' ' '))"
+    else
+        log "no $CKPT/last.pt*: training from scratch"
+    fi
+    # training (incl. its final dev eval and save) gets the rest of the budget minus 25 s
+    MIN=$(python3 -c "print(round(($BUDGET_MIN * 60 - ($(date +%s) - $T0) - 25) / 60, 2))")
+    log "training for $MIN min (max-steps $MAX_STEPS)"
+    # shellcheck disable=SC2086
+    python3 -m recipes.train --train-manifest "$WORK/train/manifest.jsonl" \
+        --dev-manifest "$WORK/dev/manifest.jsonl" --tokenizer "$WORK/tokenizer.model" \
+        --out "$OUT" --log "$LOG" --minutes "$MIN" --max-steps "$MAX_STEPS" \
+        --device "$DEVICE" --bf16 --workers 10 --chunk-mb 15 "${RESUME[@]}" ${TRAIN_ARGS:-} \
+        2> >(tee "$WORK/train.err" >&2)
+    rc=$?
+    [ $rc -eq 0 ] || { tail -30 "$WORK/train.err" | tee -a "$LOG"; die "train.py rc $rc"; }
+elif [ "$MODE" = eval ]; then
+    synth eval eval.txt eval "$N_EVAL" 2 8 & p1=$!
+    synth eval-train-voices eval.txt train "$N_EVAL" 3 8 & p2=$!
+    wait $p1 || die "eval synthesis (reserved voices)"
+    wait $p2 || die "eval synthesis (training voices)"
+    [ -e $CKPT/default-model.pt ] || [ -e $CKPT/default-model.pt.000 ] || die "no $CKPT/default-model.pt"
+    python3 -m recipes.evaluate --model $CKPT/default-model.pt --device "$DEVICE" --batch 320 \
+        --manifest "reserved-voices=$WORK/eval/manifest.jsonl" \
+        --manifest "training-voices=$WORK/eval-train-voices/manifest.jsonl" --out "$OUT" \
+        2> >(tee "$WORK/eval.err" >&2) | tee -a "$LOG"
+    rc=$?
+    [ $rc -eq 0 ] || { tail -30 "$WORK/eval.err" | tee -a "$LOG"; die "evaluate.py rc $rc"; }
+else
+    die "mode $MODE: use train or eval"
+fi
+log "done; \$OUT: $(cd "$OUT" && ls -l | awk 'NR>1 {printf "%s (%d) ", $NF, $5}')"
