@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from streamd.decoding.graphs import GraphGreedyLabelLooping
 from streamd.decoding.greedy import GreedyLabelLooping
 from streamd.decoding.state import DecoderState
 from streamd.engine.stream import ChunkGeometry, Stream
@@ -22,7 +23,8 @@ from streamd.model.encoder import EncoderCache
 from streamd.model.transducer import Transducer
 
 
-DecoderFactory = Callable[[Transducer], GreedyLabelLooping]
+Decoder = GreedyLabelLooping | GraphGreedyLabelLooping
+DecoderFactory = Callable[[Transducer], Decoder]
 
 
 class CapacityError(RuntimeError):

@@ -51,9 +51,13 @@ class UtteranceTracker:
         emitted = set(result.times)
         flags = [t in emitted for t in range(result.frame_start, result.frame_end)]
         out: list[Utterance] = []
-        while (end := self.endpointer.update(flags[self.endpointer.position - result.frame_start:])) is not None:
+        while True:
+            start = self.start  # `update` resets it when an endpoint fires
+            end = self.endpointer.update(flags[self.endpointer.position - result.frame_start:])
+            if end is None:
+                break
             rule = self.endpointer.fired
-            closed = self._cut(end + 1, REASONS.get(rule, "endpoint") if rule else "endpoint")
+            closed = self._cut(start, end + 1, REASONS.get(rule, "endpoint") if rule else "endpoint")
             if closed is not None:
                 out.append(closed)
         if self.tokens:
@@ -62,15 +66,14 @@ class UtteranceTracker:
 
     def close(self, reason: str, end_frame: int) -> Utterance | None:
         """Close the open utterance (finalize or end of stream); None if it has no tokens."""
-        closed = self._cut(end_frame, reason)
+        closed = self._cut(self.start, end_frame, reason)
         self.endpointer.position = max(self.endpointer.position, end_frame)
         self.endpointer.reset()
         return closed
 
-    def _cut(self, end: int, reason: str) -> Utterance | None:
+    def _cut(self, start: int, end: int, reason: str) -> Utterance | None:
         n = sum(1 for t in self.times if t < end)
         toks, times = self.tokens[:n], self.times[:n]
-        start = self.start
         self.tokens, self.times = self.tokens[n:], self.times[n:]
         if not toks:
             return None

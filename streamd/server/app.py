@@ -18,6 +18,7 @@ from websockets.http11 import Request, Response
 
 from streamd import systemd
 from streamd.config import Config
+from streamd.decoding.graphs import make_decoder
 from streamd.engine.migration import prepare
 from streamd.engine.placement import DTYPE_NAMES, parse_device, parse_dtype
 from streamd.engine.recognizer import Recognizer
@@ -44,7 +45,9 @@ def build_state(cfg: Config, metrics: Metrics) -> ServerState:
     dtype = parse_dtype(e.dtype)
     if e.right_context is not None:
         loaded.model.encoder.set_att_context((loaded.model.encoder.att_context[0], e.right_context))
-    rec = Recognizer(prepare(loaded.model, device, dtype), cfg.server.max_streams)
+    capacity = cfg.server.max_streams
+    rec = Recognizer(prepare(loaded.model, device, dtype), capacity,
+                     decoder_factory=lambda m: make_decoder(m, max_batch=capacity))
     chunk_s = rec.geometry.chunk_ms / 1000
 
     def on_step(seconds: float, batch: int) -> None:
@@ -77,6 +80,7 @@ class App:
         self.state = state
         self.control = Control(state)
         self.ready = False
+        self.connections: set[ServerConnection] = set()  # stream connections whose handler runs
 
     def process_request(self, conn: ServerConnection, request: Request) -> Response | None:
         """HTTP routes on the websocket port; None lets a stream handshake proceed."""
@@ -111,12 +115,14 @@ class App:
         task = asyncio.current_task()
         assert task is not None
         self.state.live.add(task)  # type: ignore[arg-type]
+        self.connections.add(ws)
         self.state.metrics.connections.inc()
         self.state.metrics.streams_active.inc()
         try:
             await Connection(ws, self.state).run()
         finally:
             self.state.live.discard(task)  # type: ignore[arg-type]
+            self.connections.discard(ws)
             self.state.metrics.streams_active.dec()
 
     async def serve(self, started: asyncio.Future[int] | None = None) -> None:
@@ -147,9 +153,13 @@ class App:
             await self.state.shutdown.wait()
             notifier.stopping(f"draining {len(self.state.live)} streams")
             log.info("draining %d streams", len(self.state.live))
-            server.close(close_connections=False)
+            # Keep listening while draining: /readyz and new handshakes get 503 (see `accepting`).
             if self.state.live:
                 await asyncio.wait(set(self.state.live), timeout=cfg.drain_timeout_s)
+            if self.connections:  # past the drain timeout (e.g. a client that never reads): cut them
+                log.warning("drain timeout: dropping %d connections", len(self.connections))
+                for ws in self.connections:
+                    ws.transport.abort()
             watchdog.cancel()
         await admin.stop()
         await self.state.engine.stop()
