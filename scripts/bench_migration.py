@@ -136,7 +136,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         device, dtype = move.split("/")
         if torch.cuda.is_available():
             for d in range(torch.cuda.device_count()):
-                torch.cuda.reset_peak_memory_stats(d)
+                with torch.cuda.device(d):
+                    torch.cuda.reset_peak_memory_stats()
         t_call = time.monotonic()
         report = await app.control.migrate(device, dtype)
         t_done = time.monotonic()

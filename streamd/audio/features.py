@@ -126,9 +126,18 @@ class IncrementalLogMel:
         self._buf = np.concatenate([self._buf, np.zeros(2 * self._half, dtype=np.float32)])
         return self._emit(total)
 
+    def frames_for(self, samples: int, final: bool) -> int:
+        """Frames this extractor emits in total once `samples` samples have been pushed (and
+        flushed, if `final`): a frame needs its whole 512-sample window, and the offline count
+        is samples // hop."""
+        if final:
+            return samples // self._hop
+        if samples < self._half:
+            return 0
+        return min((samples - self._half) // self._hop + 1, samples // self._hop)
+
     def _ready_frames(self) -> int:
-        """Frames whose 512-sample window has fully arrived (never more than the offline count)."""
-        return min((self._seen - self._half) // self._hop + 1, self._seen // self._hop) if self._seen >= self._half else 0
+        return self.frames_for(self._seen, final=False)
 
     def _emit(self, upto: int) -> Tensor:
         if upto <= self._next:

@@ -56,7 +56,7 @@ class Stream:
     slot: int
     features: IncrementalLogMel
     geometry: ChunkGeometry
-    pending: Tensor  # (n_mels, k) mel frames not yet encoded
+    pending: Tensor  # (n_mels, k) mel frames computed, not yet encoded
     tail: Tensor  # (n_mels, <= 9) last encoded mel frames
     steps: int = 0
     ended: bool = False
@@ -64,40 +64,59 @@ class Stream:
     tokens: list[int] = field(default_factory=list)
     times: list[int] = field(default_factory=list)
 
+    raw: list[np.ndarray] = field(default_factory=list)  # audio not yet turned into features
+    samples: int = 0  # samples pushed so far
+    frames_taken: int = 0  # mel frames consumed by steps
+
     @classmethod
     def new(cls, slot: int, logmel: LogMel, geometry: ChunkGeometry) -> Stream:
         empty = torch.empty(logmel.dims.n_mels, 0)
         return cls(slot, IncrementalLogMel(logmel), geometry, empty, empty)
 
     def push_audio(self, samples: np.ndarray) -> None:
-        """samples: (n,) float32 mono at the model's sample rate."""
-        self.pending = torch.cat([self.pending, self.features.push(samples)], dim=1)
+        """samples: (n,) float32 mono at the model's sample rate. Only queued: features are
+        computed once per step, for a whole chunk, in `take_window`."""
+        if samples.size:
+            self.raw.append(samples)
+            self.samples += samples.size
 
     def end(self) -> None:
         """No more audio: the remaining frames become a last, shorter step."""
-        if not self.ended:
-            self.pending = torch.cat([self.pending, self.features.flush()], dim=1)
-            self.ended = True
+        self.ended = True
 
     @property
     def need(self) -> int:
         return self.geometry.new_frames(self.steps == 0)
 
     @property
+    def frames_left(self) -> int:
+        """Mel frames that exist (or will, once computed) and no step has taken yet."""
+        return self.features.frames_for(self.samples, self.ended) - self.frames_taken
+
+    @property
     def ready(self) -> bool:
         """A step can run: a full chunk is pending, or the stream ended with frames left."""
-        n = self.pending.shape[1]
+        n = self.frames_left
         return n >= self.need or (self.ended and n > 0)
 
     @property
     def finished(self) -> bool:
-        return self.ended and self.pending.shape[1] == 0
+        return self.ended and self.frames_left == 0
+
+    def _compute_features(self) -> None:
+        if self.raw:
+            self.pending = torch.cat([self.pending, self.features.push(np.concatenate(self.raw))], dim=1)
+            self.raw = []
+        if self.ended and self.pending.shape[1] < self.frames_left:
+            self.pending = torch.cat([self.pending, self.features.flush()], dim=1)
 
     def take_window(self) -> Window:
         """Consume the next chunk and lay it out in the uniform window."""
+        self._compute_features()
         g, need = self.geometry, self.need
         new = self.pending[:, :need]
         self.pending = self.pending[:, need:]
+        self.frames_taken += new.shape[1]
         w = g.window
         lead = w - need  # rows before the new frames: 16 on the first step, 9 after
         mel = torch.zeros(new.shape[0], w)
