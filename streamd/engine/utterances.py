@@ -64,18 +64,20 @@ class UtteranceTracker:
             out.append(Utterance(self.index, list(self.tokens), list(self.times), self.start, result.frame_end))
         return out
 
-    def close(self, reason: str, end_frame: int) -> Utterance | None:
-        """Close the open utterance (finalize or end of stream); None if it has no tokens."""
-        closed = self._cut(self.start, end_frame, reason)
+    def close(self, reason: str, end_frame: int) -> Utterance:
+        """Close the open utterance (finalize or end of stream); always a final, possibly
+        without tokens, so that a client's finalize or stop is always answered."""
+        closed = self._cut(self.start, end_frame, reason, keep_empty=True)
+        assert closed is not None
         self.endpointer.position = max(self.endpointer.position, end_frame)
         self.endpointer.reset()
         return closed
 
-    def _cut(self, start: int, end: int, reason: str) -> Utterance | None:
+    def _cut(self, start: int, end: int, reason: str, keep_empty: bool = False) -> Utterance | None:
         n = sum(1 for t in self.times if t < end)
         toks, times = self.tokens[:n], self.times[:n]
         self.tokens, self.times = self.tokens[n:], self.times[n:]
-        if not toks:
+        if not toks and not keep_empty:
             return None
         u = Utterance(self.index, toks, times, start, end, reason, final=True)
         self.index += 1

@@ -71,6 +71,7 @@ class Connection:
         self.proto = p.SessionProtocol()
         self.id = uuid.uuid4().hex[:12]
         self.segments: asyncio.Queue[Segment | None] = asyncio.Queue()
+        self.opened: list[Segment] = []  # every segment of the stream, closed when it ends
         self.utterance = 0
         self.partials = 0
         self.last_partial: tuple[int, str] = (-1, "")
@@ -95,7 +96,10 @@ class Connection:
 
     async def _serve(self) -> str:
         cfg = self.state.config.server
-        first = await self._recv(cfg.idle_timeout_s)
+        first = await self._recv(cfg.idle_timeout_s, allow_shutdown=True)
+        if first is None:  # shutting down before "start": nothing to drain
+            await self.ws.close(1001)
+            return "shutdown"
         if isinstance(first, bytes):
             self.proto.receive_audio()  # raises: audio before start
         msg = self.proto.receive_text(first)
@@ -104,40 +108,47 @@ class Connection:
         pcm = PcmDecoder(msg.sample_rate, msg.encoding, msg.channels)
         rules = msg.endpointing.resolve(self.state.config.endpointing)
         segment = await self._open_segment(0.0)
-        await self._send(p.Ready(self.id, self.state.model_name, self.state.device, self.state.dtype,
-                                 self.state.engine.recognizer.geometry.chunk_ms, msg.sample_rate, rules,
-                                 cfg.idle_timeout_s, cfg.max_session_s))
-        sender = asyncio.create_task(self._sender(rules))
+        sender: asyncio.Task[None] | None = None
         try:
-            reason = await self._receive_loop(pcm, segment)
+            await self._send(p.Ready(self.id, self.state.model_name, self.state.device, self.state.dtype,
+                                     self.state.engine.recognizer.geometry.chunk_ms, msg.sample_rate, rules,
+                                     cfg.idle_timeout_s, cfg.max_session_s))
+            sender = asyncio.create_task(self._sender(rules))
+            reason, segment = await self._receive_loop(pcm, segment)
             segment.end_reason = "end_of_stream"
             self._push(segment, pcm.flush())
             self.state.engine.end(segment.session)
             await self.segments.put(None)
-            await sender
+            if reason == "stop":
+                await self._flush_after_stop(sender)
+            else:
+                await sender
         finally:
-            sender.cancel()
-            self.state.engine.close(segment.session)
+            if sender is not None:
+                sender.cancel()
+            for seg in self.opened:
+                self.state.engine.close(seg.session)
         await self._send(p.Summary(self.utterance, self.partials, self.samples_in / 16000,
                                    time.monotonic() - self.started, "shutdown" if reason == "shutdown" else "stop"))
         await self.ws.close(1001 if reason == "shutdown" else 1000)
         return reason
 
-    async def _receive_loop(self, pcm: PcmDecoder, segment: Segment) -> str:
+    async def _receive_loop(self, pcm: PcmDecoder, segment: Segment) -> tuple[str, Segment]:
+        """Feed audio and controls until `stop` or shutdown; returns why, and the open segment."""
         cfg = self.state.config.server
         while True:
             if time.monotonic() - self.started > cfg.max_session_s:
                 raise SessionExpired(f"session longer than max_session_s={cfg.max_session_s:g}")
             data = await self._recv(cfg.idle_timeout_s, allow_shutdown=True)
             if data is None:
-                return "shutdown"
+                return "shutdown", segment
             if isinstance(data, bytes):
                 self.proto.receive_audio()
                 self._push(segment, pcm.feed(data))
                 continue
             msg = self.proto.receive_text(data)
             if isinstance(msg, p.Stop):
-                return "stop"
+                return "stop", segment
             if isinstance(msg, p.Finalize):
                 segment.end_reason = "finalize"
                 self.state.engine.end(segment.session)
@@ -150,6 +161,7 @@ class Connection:
             self.state.metrics.rejections.labels(reason="overloaded").inc()
             raise Overloaded(str(e)) from None
         seg = Segment(session, offset_s)
+        self.opened.append(seg)
         await self.segments.put(seg)
         return seg
 
@@ -158,13 +170,34 @@ class Connection:
         self.state.metrics.audio_seconds.inc(samples.size / 16000)
         self.state.engine.push(segment.session, samples)
 
+    async def _flush_after_stop(self, sender: asyncio.Task[None]) -> None:
+        """Wait for the last results; a client message before they are all sent breaks the protocol."""
+        late = asyncio.ensure_future(self.ws.recv())
+        await asyncio.wait({sender, late}, return_when=asyncio.FIRST_COMPLETED)
+        if not late.done():
+            late.cancel()
+        elif isinstance(data := late.result(), bytes):
+            self.proto.receive_audio()  # raises: audio after stop
+        else:
+            self.proto.receive_text(data)  # raises: a message after stop
+        await sender
+
     async def _recv(self, timeout: float, allow_shutdown: bool = False) -> str | bytes | None:
+        """The next client message; None once the server shuts down (with `allow_shutdown`).
+
+        Raises:
+            IdleTimeout: nothing arrived for `timeout` seconds.
+            SessionExpired: the session reached `max_session_s` first.
+        """
+        max_session_s = self.state.config.server.max_session_s
+        left = max_session_s - (time.monotonic() - self.started)
         recv = asyncio.ensure_future(self.ws.recv())
         waits: set[asyncio.Future[object]] = {recv}  # type: ignore[arg-type]
         stop = asyncio.ensure_future(self.state.shutdown.wait()) if allow_shutdown else None
         if stop is not None:
             waits.add(stop)  # type: ignore[arg-type]
-        done, _ = await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait(waits, timeout=max(0.0, min(timeout, left)),
+                                     return_when=asyncio.FIRST_COMPLETED)
         if stop is not None and not stop.done():
             stop.cancel()
         if recv in done:
@@ -172,6 +205,8 @@ class Connection:
         recv.cancel()
         if stop is not None and stop in done:
             return None
+        if left <= timeout:
+            raise SessionExpired(f"session longer than max_session_s={max_session_s:g}")
         raise IdleTimeout(f"no message for {timeout:g} s")
 
     async def _sender(self, rules: object) -> None:
@@ -185,9 +220,7 @@ class Connection:
                 frame_end = item.frame_end
                 for u in tracker.on_chunk(item):
                     await self._emit(u, seg, item)
-            last = tracker.close(seg.end_reason, frame_end)
-            if last is not None:
-                await self._emit(last, seg, None, frame_end)
+            await self._emit(tracker.close(seg.end_reason, frame_end), seg, None, frame_end)
             index = tracker.index
 
     async def _emit(self, u: Utterance, seg: Segment, item: ChunkResult | None, frame_end: int | None = None) -> None:

@@ -26,4 +26,5 @@ def test_endpoint_final_spans_its_frames_and_next_utterance_continues() -> None:
 def test_silence_only_utterance_sends_nothing() -> None:
     tr = UtteranceTracker(EndpointingConfig(silence_after_speech_ms=240, silence_without_speech_ms=400, max_utterance_ms=0))
     assert tr.on_chunk(chunk([], [], 0, 14)) == []
-    assert tr.close("end_of_stream", 14) is None and tr.index == 0
+    last = tr.close("end_of_stream", 14)  # stop/finalize are always answered, here with no text
+    assert (last.index, last.tokens, last.reason) == (0, [], "end_of_stream") and tr.index == 1
