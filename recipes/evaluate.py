@@ -28,8 +28,7 @@ from recipes.data import Utterance, pad_float, read_float, read_manifest
 from recipes.state import load_streamd_any
 from recipes.wer import edit_distance, normalize, wer, word_errors  # noqa: F401  (re-exported)
 from streamd.decoding.greedy import GreedyLabelLooping
-from streamd.engine.recognizer import Recognizer
-from streamd.engine.stream import Stream
+from streamd.decode import stream_batch
 from streamd.model.transducer import Transducer
 
 
@@ -60,23 +59,10 @@ def offline_transcribe(model: Transducer, audios: Sequence[np.ndarray], batch: i
 @torch.no_grad()
 def stream_transcribe(model: Transducer, audios: Sequence[np.ndarray], right_context: int,
                       batch: int = 256) -> list[list[int]]:
-    """Token ids of each utterance through `Recognizer` + `Stream`, `batch` streams at once
-    (as `streamd.decode._stream_batch`, which cannot be imported where soundfile is missing)."""
+    """Token ids of each utterance through the daemon's streaming pipeline, `batch` at once."""
     out: list[list[int]] = []
     for s in range(0, len(audios), batch):
-        group = audios[s: s + batch]
-        rec = Recognizer(model, len(group), right_context=right_context)
-        streams: list[Stream] = []
-        for a in group:
-            st = rec.open()
-            st.push_audio(np.ascontiguousarray(a, dtype=np.float32))
-            st.end()
-            streams.append(st)
-        while ready := [st for st in streams if st.ready]:
-            rec.step(ready)
-        for st in streams:
-            rec.close(st)
-        out += [list(st.tokens) for st in streams]
+        out += [toks for toks, _ in stream_batch(model, audios[s: s + batch], right_context)]
     return out
 
 

@@ -9,13 +9,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+import numpy as np
 import torch
 
-from streamd.audio.files import read_audio
 from streamd.engine.placement import move_model, parse_device, parse_dtype
 from streamd.engine.recognizer import Recognizer, transcribe_offline
 from streamd.engine.stream import Stream
 from streamd.model.checkpoint import LoadedModel, load_model, resolve_model_path
+from streamd.model.transducer import Transducer
 
 
 @dataclass
@@ -38,13 +39,15 @@ def prepare(opts: DecodeOptions) -> LoadedModel:
 
 def decode_files(files: Sequence[str], opts: DecodeOptions, out: TextIO = sys.stdout) -> None:
     """Print one JSON line per file: file, text, tokens, timestamps (encoder frames)."""
+    from streamd.audio.files import read_audio  # soundfile: only this command needs it
+
     loaded = prepare(opts)
     m, tok = loaded.model, loaded.tokenizer
     for i in range(0, len(files), opts.batch):
         group = files[i: i + opts.batch]
         audios = [read_audio(f, m.dims.features.sample_rate) for f in group]
         if opts.streaming:
-            results = _stream_batch(Recognizer(m, len(group)), audios)
+            results = stream_batch(m, audios)
         else:
             results = [transcribe_offline(m, torch.from_numpy(a)) for a in audios]
         for f, (tokens, times) in zip(group, results):
@@ -53,12 +56,15 @@ def decode_files(files: Sequence[str], opts: DecodeOptions, out: TextIO = sys.st
             out.flush()
 
 
-def _stream_batch(rec: Recognizer, audios: list) -> list[tuple[list[int], list[int]]]:
-    """All files as concurrent streams, batched together chunk by chunk."""
+def stream_batch(model: Transducer, audios: Sequence[np.ndarray], right_context: int | None = None
+                 ) -> list[tuple[list[int], list[int]]]:
+    """Tokens and times of each audio (float32 at the model rate) streamed through the daemon's
+    pipeline, all as concurrent streams batched together chunk by chunk."""
+    rec = Recognizer(model, len(audios), right_context)
     streams: list[Stream] = []
     for a in audios:
         s = rec.open()
-        s.push_audio(a)
+        s.push_audio(np.ascontiguousarray(a, dtype=np.float32))
         s.end()
         streams.append(s)
     while ready := [s for s in streams if s.ready]:
