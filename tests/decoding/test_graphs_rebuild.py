@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import run_streams, synthetic_audio  # noqa: F401  (re-exported for test_graphs_cuda)
 from helpers import random_model
 from streamd.decoding.cuda_conditional import unsupported_reason
 from streamd.decoding.graphs import EAGER, FULL_GRAPH, NO_WHILE_LOOPS, GraphGreedyLabelLooping, GraphKey, make_decoder
 from streamd.decoding.greedy import GreedyLabelLooping
 from streamd.decoding.state import DecoderState
-from streamd.engine.recognizer import Recognizer
 from streamd.model.transducer import Transducer
 
 
@@ -353,49 +353,6 @@ def test_a_decoder_without_the_dtype_check_fails_after_a_cast() -> None:
 
 
 # -- engine integration, factory, row reset ----------------------------------------------------
-def synthetic_audio(seconds: float, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    t = np.arange(int(seconds * 16000)) / 16000
-    env = (np.sin(2 * np.pi * rng.uniform(1, 4) * t) > -0.3).astype(np.float32)
-    f0 = rng.uniform(100, 300)
-    x = sum(np.sin(2 * np.pi * f0 * k * t + rng.uniform(0, 6)) / k for k in range(1, 6)) * env * 0.2
-    return (x + rng.normal(0, 0.01, t.size)).astype(np.float32)
-
-
-def run_streams(m: Transducer, decoder: Any, audios: list[np.ndarray], starts: list[int], seed: int = 0,
-                events: dict[int, Any] | None = None) -> tuple[list[tuple[list[int], list[int]]], list[str]]:
-    """Streams join at `starts` ticks, push random-size pieces and leave when done; `events[tick]()`
-    runs before that tick's step. Returns each stream's (tokens, times) and the decoder modes seen."""
-    rng = np.random.default_rng(seed)
-    rec = Recognizer(m, capacity=len(audios), decoder_factory=lambda _: decoder)
-    streams: dict[int, Any] = {}
-    pos, done, modes, tick = [0] * len(audios), [None] * len(audios), [], 0
-    while any(x is None for x in done):
-        if events and tick in events:
-            events[tick]()
-        for i, a in enumerate(audios):
-            if tick < starts[i] or done[i] is not None:
-                continue
-            if i not in streams:
-                streams[i] = rec.open()
-            s = streams[i]
-            if pos[i] < a.size:
-                k = int(rng.integers(200, 3000))
-                s.push_audio(a[pos[i]: pos[i] + k])
-                pos[i] += k
-            else:
-                s.end()
-        ready = [s for s in streams.values() if s.ready]
-        if ready:
-            rec.step(ready)
-            modes.append(getattr(decoder, "mode", EAGER))
-        for i, s in list(streams.items()):
-            if s.finished:
-                rec.close(s)
-                done[i] = (s.tokens, s.times)
-                del streams[i]
-        tick += 1
-    return done, modes
 
 
 def test_recognizer_with_fake_graphs_equals_eager_across_a_dtype_move() -> None:

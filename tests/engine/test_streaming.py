@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import fixture_model, greedy, random_model, reference
+from helpers import fixture_model, greedy, random_model, reference, run_streams, synthetic_audio
 from streamd.engine.recognizer import Recognizer, transcribe_offline
 from streamd.engine.stream import Stream
 from streamd.model.transducer import Transducer
@@ -39,15 +39,6 @@ def test_fixture_models_streaming_equals_offline(right: int) -> None:
             assert s.tokens == reference(kind)["offline"][f"att70_{right}"][name]["hyp"]["tokens"].tolist()
 
 
-def synthetic_audio(seconds: float, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    t = np.arange(int(seconds * 16000)) / 16000
-    f0 = rng.uniform(100, 300)
-    env = (np.sin(2 * np.pi * rng.uniform(1, 4) * t) > -0.3).astype(np.float32)
-    x = sum(np.sin(2 * np.pi * f0 * k * t + rng.uniform(0, 6)) / k for k in range(1, 6)) * env * 0.2
-    return (x + rng.normal(0, 0.01, t.size)).astype(np.float32)
-
-
 @pytest.mark.parametrize("seed", [0, 1])
 def test_random_models_streaming_equals_offline(seed: int) -> None:
     m = random_model(seed, att_context_sizes=((16, 3), (16, 0)))
@@ -61,47 +52,15 @@ def test_random_models_streaming_equals_offline(seed: int) -> None:
             assert len(off[0]) > 0
 
 
-def run_interleaved(m: Transducer, audios: list[np.ndarray], starts: list[int], rng: np.random.Generator) -> list[Stream]:
-    """Streams join at different times, push pieces of random size, and are batched together
-    whenever several have a chunk ready."""
-    rec = Recognizer(m, capacity=len(audios))
-    streams: dict[int, Stream] = {}
-    pos = [0] * len(audios)
-    done: list[Stream | None] = [None] * len(audios)
-    tick = 0
-    while any(d is None for d in done):
-        for i, a in enumerate(audios):
-            if tick < starts[i] or done[i] is not None:
-                continue
-            if i not in streams:
-                streams[i] = rec.open()
-            s = streams[i]
-            if pos[i] < a.size:
-                k = int(rng.integers(200, 3000))
-                s.push_audio(a[pos[i]: pos[i] + k])
-                pos[i] += k
-            else:
-                s.end()
-        ready = [s for s in streams.values() if s.ready]
-        if ready:
-            rec.step(ready)
-        for i, s in list(streams.items()):
-            if s.finished:
-                rec.close(s)
-                done[i] = s
-                del streams[i]
-        tick += 1
-    return [d for d in done if d is not None]
-
-
 def test_batch_invariance_streams_of_different_lengths_and_start_times() -> None:
+    """Streams join at different times, push pieces of random size, and are batched together
+    whenever several have a chunk ready; each gets what it gets alone and offline."""
     m = random_model(3, att_context_sizes=((16, 3),))
     audios = [synthetic_audio(s, i) for i, s in enumerate([0.5, 3.1, 1.7, 2.4, 0.9, 4.0])]
-    together = run_interleaved(m, audios, starts=[0, 3, 3, 7, 12, 1], rng=np.random.default_rng(0))
-    for a, s in zip(audios, together):
-        alone = run_interleaved(m, [a], starts=[0], rng=np.random.default_rng(1))[0]
-        assert (s.tokens, s.times) == (alone.tokens, alone.times)
-        assert (s.tokens, s.times) == transcribe_offline(m, torch.from_numpy(a))
+    together, _ = run_streams(m, greedy(m), audios, starts=[0, 3, 3, 7, 12, 1], seed=0)
+    for a, result in zip(audios, together):
+        alone, _ = run_streams(m, greedy(m), [a], starts=[0], seed=1)
+        assert result == alone[0] == transcribe_offline(m, torch.from_numpy(a))
 
 
 def test_bf16_produces_tokens_close_to_fp32() -> None:
