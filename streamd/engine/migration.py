@@ -2,10 +2,11 @@
 
 1. The target copy of the model is prepared on a worker thread while the engine keeps serving
    from the source (`prepare`).
-2. At a step boundary (on the engine thread, via `Engine.call`) `cut_over` swaps the model in,
-   converts every live stream's encoder caches and decoder state to the target, and runs one
-   probe step on silence so a target that cannot run (no bf16 kernel, out of memory) is found
-   before any stream depends on it. On any error everything is put back as it was.
+   A probe chunk runs through the copy there, so a target that cannot run (no bf16 kernel,
+   out of memory) fails before anything changes, and the device is warm.
+2. At a step boundary (on the engine thread, via `Engine.call`) `cut_over` swaps the model in
+   and converts every live stream's encoder caches and decoder state to the target. On any
+   error everything is put back as it was.
 3. The decoder rebuilds its own device state lazily on the first chunk after the move.
 """
 from __future__ import annotations
@@ -48,12 +49,23 @@ def placement(model: Transducer) -> str:
     return f"{model.device} {DTYPE_NAMES[model.dtype]}"
 
 
-def prepare(master: Transducer, device: torch.device, dtype: torch.dtype) -> Transducer:
+def prepare(master: Transducer, device: torch.device, dtype: torch.dtype,
+            att_context: tuple[int, int] | None = None, probe: bool = False) -> Transducer:
     """A copy of the master weights (fp32, CPU, as loaded) at the target placement, made while
-    the engine keeps serving; fp32 -> bf16 -> fp32 thus gives back the exact fp32 model. Raises whatever the allocation raises (e.g. torch.OutOfMemoryError)."""
+    the engine keeps serving; fp32 -> bf16 -> fp32 thus gives back the exact fp32 model.
+
+    With `probe`, one silent chunk then runs through the copy (eager decoder, its own
+    throwaway slot state): a target that cannot run (no kernel for the dtype, out of memory)
+    fails here, and the device's context, libraries and kernels are warm before the engine
+    pauses. Raises whatever the allocation or the probe raises."""
     target = copy.deepcopy(master)
     try:
         move_model(target, device, dtype)
+        if att_context is not None:
+            target.encoder.set_att_context(att_context)
+        if probe:
+            _probe(Recognizer(target, capacity=1))
+            _synchronize(device)
     except BaseException:
         del target
         _empty_cache(device)
@@ -62,14 +74,15 @@ def prepare(master: Transducer, device: torch.device, dtype: torch.dtype) -> Tra
 
 
 def cut_over(rec: Recognizer, target: Transducer) -> tuple[float, int]:
-    """Swap `target` in at a step boundary; runs on the engine thread. Returns (pause ms,
-    live streams). Rolls back and raises MigrationFailed if anything fails."""
+    """Swap a prepared `target` in at a step boundary; runs on the engine thread, so no step
+    runs meanwhile and audio that arrives is queued. Converts every live stream's encoder
+    caches and decoder carry. Returns (pause ms, live streams); on failure puts the source
+    back and raises MigrationFailed."""
     t0 = time.perf_counter()
     source = rec.model
     try:
         rec.use_model(target)
-        rec.state_tensors()  # convert every slot's caches and decoder carry now, inside the pause
-        _probe(rec)
+        rec.state_tensors()
         _synchronize(target.device)
     except Exception as e:
         rec.use_model(source)
@@ -83,7 +96,7 @@ def cut_over(rec: Recognizer, target: Transducer) -> tuple[float, int]:
 
 
 def _probe(rec: Recognizer) -> None:
-    """One silent chunk through encoder and decoder on a throwaway slot-free batch."""
+    """One silent chunk through encoder and decoder."""
     s = rec.open()
     try:
         s.push_audio(np.zeros(rec.geometry.window * 160, dtype=np.float32))

@@ -60,7 +60,8 @@ class Control:
                 dt = parse_dtype(dtype) if dtype else rec.model.dtype
                 report.target = f"{dev} {DTYPE_NAMES[dt]}"
                 t0 = time.perf_counter()
-                target = await asyncio.to_thread(prepare, self.state.master, dev, dt)
+                target = await asyncio.to_thread(prepare, self.state.master, dev, dt,
+                                                 rec.model.encoder.att_context, True)
                 report.prepare_ms = (time.perf_counter() - t0) * 1000
                 self.state.cutting_over = True
                 try:

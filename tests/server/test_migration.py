@@ -14,6 +14,7 @@ import torch
 from daemon import config, running, stream_pcm
 from streamd.admin_client import AdminError, check_socket, request
 from streamd.config import AdminConfig
+from streamd.engine.recognizer import Recognizer
 from test_daemon import WAVS, pcm_of
 
 N_STREAMS = 16
@@ -92,14 +93,30 @@ def test_failed_migrations_roll_back_and_streams_continue(tmp_path: Path, monkey
             def probe_fails(rec: Any) -> None:
                 raise RuntimeError("simulated: first step on the target failed")
 
+            real_probe = migration._probe
+
             monkeypatch.setattr(migration, "_probe", probe_fails)
             status, body = await admin(sock, "POST", "/v1/migrate", {"dtype": "bf16"})
             assert status == 409 and "first step" in body["migration"]["error"]
             assert body["dtype"] == "fp32"
+            monkeypatch.setattr(migration, "_probe", real_probe)
+
+            real_state = Recognizer.state_tensors
+
+            def state_once_fails(self: Any) -> Any:
+                if self.model.dtype == torch.bfloat16:  # only the conversion to the bf16 target
+                    raise torch.OutOfMemoryError("simulated: out of memory converting stream state")
+                return real_state(self)
+
+            monkeypatch.setattr(Recognizer, "state_tensors", state_once_fails)
+            status, body = await admin(sock, "POST", "/v1/migrate", {"dtype": "bf16"})
+            monkeypatch.setattr(Recognizer, "state_tensors", real_state)
+            assert status == 409 and "converting stream state" in body["migration"]["error"]
+            assert body["dtype"] == "fp32"
             after = await asyncio.gather(*jobs)
             for a, b in zip(baseline, after):
                 assert b.close_code == 1000 and a.pieces == b.pieces
-            assert 'streamd_migrations_total{result="failed"} 3.0' in app.state.metrics.render().decode()
+            assert 'streamd_migrations_total{result="failed"} 4.0' in app.state.metrics.render().decode()
 
     asyncio.run(main())
 
