@@ -49,6 +49,12 @@ class Transcript:
         return [m for m in self.messages if m["type"] == kind]
 
     @property
+    def results(self) -> list[dict[str, Any]]:
+        """Partials and finals without the fields that depend on timing (seq, audio_processed)."""
+        return [{k: v for k, v in m.items() if k not in ("seq", "audio_processed")} for m in self.messages
+                if m["type"] in ("partial", "final")]
+
+    @property
     def pieces(self) -> list[str]:
         return [t for f in self.of("final") for t in f.get("tokens", [])]
 
@@ -59,7 +65,7 @@ async def stream_pcm(url: str, pcm: bytes, rng: np.random.Generator, start: dict
     out = Transcript()
     async with websockets.connect(url + "/v1/stream", max_size=None) as ws:
         await ws.send(json.dumps(start or {"type": "start", "sample_rate": 16000, "encoding": "s16le", "word_times": True}))
-        reader = asyncio.create_task(_read(ws, out))
+        reader = asyncio.create_task(read_all(ws, out))
         i = 0
         while i < len(pcm):
             k = int(rng.integers(1, max_piece))
@@ -72,10 +78,12 @@ async def stream_pcm(url: str, pcm: bytes, rng: np.random.Generator, start: dict
     return out
 
 
-async def _read(ws: Any, out: Transcript) -> None:
+async def read_all(ws: Any, out: Transcript) -> Transcript:
+    """Collect every server message until the server closes."""
     try:
         async for m in ws:
             out.messages.append(json.loads(m))
     except websockets.ConnectionClosed:
         pass
     out.close_code = ws.close_code
+    return out

@@ -16,18 +16,15 @@ import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import pytest
 import soundfile as sf
 import websockets
-from websockets.asyncio.client import ClientConnection
 
 from conftest import FIXTURES, REPO
-from daemon import TINY
+from daemon import TINY, Transcript, read_all
 
 DRAIN_TIMEOUT_S = 3.0
-VOLATILE = ("seq", "audio_processed")  # depend on timing, not on the audio
 # Prefixes that end mid-utterance: each live stream is cut there when the daemon is told to stop.
 PREFIXES = {"in3_espeak_sentence.wav": 2.6, "in1_am_tones_bursts_4p37s.wav": 2.3,
             "in0_harmonic_segments_3s.wav": 2.0}
@@ -109,39 +106,14 @@ async def daemon() -> AsyncIterator[Daemon]:
         await reader
 
 
-@dataclass
-class Outcome:
-    """The server messages one client received, and the close code."""
-
-    messages: list[dict[str, Any]] = field(default_factory=list)
-    close_code: int | None = None
-
-    @property
-    def results(self) -> list[dict[str, Any]]:
-        """Partials and finals without the fields that depend on timing."""
-        return [{k: v for k, v in m.items() if k not in VOLATILE} for m in self.messages
-                if m["type"] in ("partial", "final")]
-
-
-async def read_all(ws: ClientConnection, out: Outcome) -> Outcome:
-    """Read until the server closes."""
-    try:
-        async for text in ws:
-            out.messages.append(json.loads(text))
-    except websockets.ConnectionClosed:
-        pass
-    out.close_code = ws.close_code
-    return out
-
-
-async def clean_run(url: str, messages: list[str | bytes]) -> Outcome:
+async def clean_run(url: str, messages: list[str | bytes]) -> Transcript:
     """The same stream ended by `stop`: what a drained stream must have received."""
     async with websockets.connect(url + "/v1/stream") as ws:
         await ws.send(START)
         for m in messages:
             await ws.send(m)
         await ws.send(json.dumps({"type": "stop"}))
-        return await read_all(ws, Outcome())
+        return await read_all(ws, Transcript())
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
@@ -161,7 +133,7 @@ def test_signal_drains_every_stream_then_exits_0(signum: int) -> None:
                 await ws.send(START)
                 for m in stream_messages(name):
                     await ws.send(m)
-            readers = {name: asyncio.create_task(read_all(ws, Outcome())) for name, ws in live.items()}
+            readers = {name: asyncio.create_task(read_all(ws, Transcript())) for name, ws in live.items()}
             not_started = await websockets.connect(d.url + "/v1/stream")
             stuck = await websockets.connect(d.url + "/v1/stream")  # never reads, never answers the close
             await stuck.send(START)
