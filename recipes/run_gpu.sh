@@ -41,13 +41,19 @@ for f in train dev eval; do [ -s .carry/text/$f.txt ] || die "no .carry/text/$f.
 log "mode $MODE, budget $BUDGET_MIN min; $(nproc) cores; $(python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())')"
 
 # synth NAME TEXT VOICES N SEED WORKERS  ->  $WORK/NAME/manifest.jsonl
+# A warm machine keeps $WORK between calls: a set made with the same arguments is reused.
 synth() {
-    rm -rf "${WORK:?}/$1"
+    local args="$*"
+    if [ -s "$WORK/$1/manifest.jsonl" ] && [ "$(cat "$WORK/$1.args" 2>/dev/null)" = "$args" ]; then
+        log "synth $1: reusing $WORK/$1 (same arguments, made by an earlier call on this machine)"
+        return 0
+    fi
+    rm -rf "${WORK:?}/$1" "$WORK/$1.args"
     python3 -m recipes.synthetic.synth --text ".carry/text/$2" --voices "$3" --n "$4" --seed "$5" \
         --out "$WORK/$1" --engines-root .carry/tts/root --workers "$6" >"$WORK/$1.json" 2>"$WORK/$1.err"
     local rc=$?
     log "synth $1 ($2, $3 voices, n=$4, seed $5): rc $rc $(cat "$WORK/$1.json" 2>/dev/null)"
-    [ $rc -eq 0 ] || tail -5 "$WORK/$1.err" | tee -a "$LOG"
+    if [ $rc -eq 0 ]; then echo "$args" >"$WORK/$1.args"; else tail -5 "$WORK/$1.err" | tee -a "$LOG"; fi
     return $rc
 }
 
@@ -70,7 +76,7 @@ if [ "$MODE" = train ]; then
     python3 -m recipes.train --train-manifest "$WORK/train/manifest.jsonl" \
         --dev-manifest "$WORK/dev/manifest.jsonl" --tokenizer "$WORK/tokenizer.model" \
         --out "$OUT" --log "$LOG" --minutes "$MIN" --max-steps "$MAX_STEPS" \
-        --device "$DEVICE" --bf16 --workers 10 --chunk-mb 15 "${RESUME[@]}" ${TRAIN_ARGS:-} \
+        --device "$DEVICE" --workers 10 --chunk-mb 15 "${RESUME[@]}" ${TRAIN_ARGS:-} \
         2> >(tee "$WORK/train.err" >&2)
     rc=$?
     [ $rc -eq 0 ] || { tail -30 "$WORK/train.err" | tee -a "$LOG"; die "train.py rc $rc"; }

@@ -1,12 +1,12 @@
 """Train a streamd model (cache-aware FastConformer RNN-T + auxiliary CTC) on synth.py manifests.
 
     python -m recipes.train --train-manifest T/manifest.jsonl --dev-manifest D/manifest.jsonl \\
-        --tokenizer tok.model --out OUT --minutes 8 --max-steps 6000 --bf16 [--resume OUT/last.pt]
+        --tokenizer tok.model --out OUT --minutes 8 --max-steps 6000 [--resume OUT/last.pt]
 
 Each step: read a duration-bucketed batch (DataLoader workers read the WAVs), augment the
 waveforms on the device (recipes.synthetic.augment), log-mel in fp32 (`model.preprocessor`),
 SpecAugment, pick one of the model's attention contexts uniformly (the offline forward under that
-chunked mask is what streaming computes), encoder under bf16 autocast (--bf16), then RNN-T loss
+chunked mask is what streaming computes), encoder in fp32 (bf16 autocast with --bf16), then RNN-T loss
 (fp32 logits) + ctc_weight x CTC loss, AdamW, warmup then cosine (or Noam) learning rate.
 All per-step randomness (augmentation, masks, context) is seeded by (seed, step), and the batch
 order by (seed, epoch), so a resumed run continues the same run.
@@ -114,14 +114,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--batch-seconds", type=float, default=800.0, help="padded audio seconds per batch")
     a("--max-batch", type=int, default=1024, help="utterances per batch at most")
     a("--max-duration", type=float, default=20.0, help="skip longer training utterances")
-    a("--lr", type=float, default=2e-3, help="peak learning rate")
-    a("--warmup", type=int, default=1000)
+    a("--lr", type=float, default=1.5e-3, help="peak learning rate")
+    a("--warmup", type=int, default=1500)
     a("--schedule", choices=("cosine", "noam"), default="cosine")
     a("--min-lr-ratio", type=float, default=0.01, help="cosine floor, as a fraction of --lr")
     a("--weight-decay", type=float, default=1e-3)
     a("--clip", type=float, default=1.0)
-    a("--ctc-weight", type=float, default=0.3)
+    a("--ctc-weight", type=float, default=0.5)
     a("--dropout", type=float, default=0.1)
+    a("--dither", type=float, default=1e-5, help="white noise added to the waveform, as NeMo trains")
     a("--no-augment", action="store_true", help="no waveform augmentation")
     a("--no-specaug", action="store_true")
     a("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -171,13 +172,16 @@ def pick_context(model: Transducer, seed: int, step: int) -> tuple[int, int]:
 
 def compute_losses(model: Transducer, batch: Batch, context: tuple[int, int], gen: torch.Generator,
                    use_augment: bool = True, use_specaug: bool = True, bf16: bool = False,
-                   ctc_weight: float = 0.3) -> tuple[Tensor, Tensor, Tensor]:
+                   ctc_weight: float = 0.3, dither: float = 1e-5) -> tuple[Tensor, Tensor, Tensor]:
     """(loss, rnnt, ctc) of a batch already on the model's device; rnnt and ctc are batch means."""
     dev = model.device
     wav = batch.audio.float() / 32768.0
     lengths = batch.lengths
     if use_augment:
         wav, lengths = augment(wav, lengths, gen, AugmentConfig())
+    if dither > 0:  # NeMo's training-time dither: no exactly silent (constant log-floor) frames
+        noise = torch.randn(wav.shape, generator=gen, device=wav.device) * dither
+        wav = wav + noise * (torch.arange(wav.shape[1], device=wav.device)[None] < lengths[:, None])
     mel, mel_len = model.preprocessor(wav, lengths)
     if use_specaug:
         mel = spec_augment(mel, mel_len, gen)
@@ -375,7 +379,7 @@ def main(argv: list[str] | None = None) -> Progress:
         gen = step_generator(args.seed, step, device)
         ctx = pick_context(model, args.seed, step)
         loss, rnnt, ctc = compute_losses(model, batch, ctx, gen, not args.no_augment, not args.no_specaug,
-                                         args.bf16, args.ctc_weight)
+                                         args.bf16, args.ctc_weight, args.dither)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)

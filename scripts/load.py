@@ -52,7 +52,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import soundfile as sf
 import websockets
 
 REPO = Path(__file__).resolve().parents[1]
@@ -78,6 +77,8 @@ class Audio:
 
 def load_wav(path: Path) -> Audio:
     """A WAV/FLAC file mixed to mono s16le."""
+    import soundfile as sf  # only needed for WAV input
+
     data, rate = sf.read(str(path), dtype="int16", always_2d=True)
     mono = data.mean(axis=1).round().astype("<i2")
     return Audio(path.name, int(rate), mono.tobytes())
