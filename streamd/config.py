@@ -119,6 +119,7 @@ class EngineConfig:
     dtype: str = "fp32"
     right_context: int | None = None
     batch_wait_ms: int = 10
+    gil_switch_ms: float = 0.5
 
     def __post_init__(self) -> None:
         for key, normalize in (("device", normalize_device), ("dtype", normalize_dtype)):
@@ -129,6 +130,8 @@ class EngineConfig:
         _require(self.right_context is None or self.right_context >= 0, "engine.right_context",
                  "must not be negative", self.right_context)
         _require(0 <= self.batch_wait_ms <= 1000, "engine.batch_wait_ms", "must be in 0..1000", self.batch_wait_ms)
+        _require(0.01 <= self.gil_switch_ms <= 100, "engine.gil_switch_ms", "must be in 0.01..100",
+                 self.gil_switch_ms)
 
     @property
     def torch_dtype(self) -> str:
@@ -247,7 +250,7 @@ def _to_optional_int(value: object) -> int | None:
 
 
 _METAVARS: dict[Callable[[object], Any], str] = {
-    _to_int: "N", _to_optional_int: "N", _to_float: "SECONDS", _to_str: "TEXT", _to_path: "PATH",
+    _to_int: "N", _to_optional_int: "N", _to_float: "NUMBER", _to_str: "TEXT", _to_path: "PATH",
 }
 
 
@@ -301,6 +304,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("engine", "right_context", _to_optional_int,
             "attention right context in 80 ms encoder frames (lookahead)", "the model's"),
     Setting("engine", "batch_wait_ms", _to_int, "how long a decode step waits for more streams"),
+    Setting("engine", "gil_switch_ms", _to_float,
+            "Python's thread switch interval: the longest the engine waits for the GIL per torch call"),
     Setting("endpointing", "silence_after_speech_ms", _to_int,
             "end an utterance after this much silence following speech (0 = off)"),
     Setting("endpointing", "silence_without_speech_ms", _to_int,

@@ -53,6 +53,10 @@ class LogMel(nn.Module):
     def frames(self, padded: Tensor) -> Tensor:
         """Log-mel of every full 512-sample frame of pre-emphasised, already padded audio.
 
+        The mel projection is one 2-D matmul over all rows' frames, so a frame's value does not
+        depend on how many other frames or rows share the call (what makes the incremental and
+        batched-incremental features equal the offline ones bitwise).
+
         Args:
             padded: (B, S) float32.
         Returns:
@@ -61,11 +65,13 @@ class LogMel(nn.Module):
         d = self.dims
         spec = torch.stft(padded, n_fft=d.n_fft, hop_length=d.hop_length, win_length=d.win_length,
                           window=self.featurizer.window.float(), center=False, return_complex=True)
-        power = torch.view_as_real(spec).pow(2).sum(-1).sqrt().pow(2)
-        n = power.shape[-1]
-        if n == 1:  # one column would take BLAS's gemv path, which rounds differently from gemm
-            power = power.expand(-1, -1, 2)
-        return torch.log(torch.matmul(self.featurizer.fb.float(), power) + LOG_GUARD)[..., :n]
+        power = torch.view_as_real(spec).pow(2).sum(-1).sqrt().pow(2)  # (B, F, n)
+        b, f, n = power.shape
+        cols = power.transpose(0, 1).reshape(f, b * n)
+        if b * n == 1:  # one column would take BLAS's gemv path, which rounds differently from gemm
+            cols = cols.expand(f, 2)
+        mel = torch.log(torch.mm(self.featurizer.fb[0].float(), cols) + LOG_GUARD)[:, : b * n]
+        return mel.reshape(-1, b, n).transpose(0, 1)
 
     @torch.autocast("cuda", enabled=False)
     @torch.autocast("cpu", enabled=False)
@@ -89,42 +95,69 @@ class LogMel(nn.Module):
 
 class IncrementalLogMel:
     """Log-mel of a live signal pushed in arbitrary pieces, frame-identical to `LogMel` on the
-    whole signal. Frame i is emitted once sample 160*i + 255 has arrived; `flush()` emits the
-    remaining frames with the same zero padding the offline STFT uses. CPU, float32."""
+    whole signal. Frame i is ready once sample 160*i + 255 has arrived; at the end of the signal
+    the remaining frames use the same zero padding the offline STFT uses. CPU, float32.
+
+    Two ways to use it: `push()` / `flush()` compute one stream's new frames; `feed()` then
+    `take_segment()` only do numpy bookkeeping, and `logmel_many()` computes the frames of many
+    streams' segments in one call (what the engine does every step)."""
 
     def __init__(self, logmel: LogMel) -> None:
         self._logmel = logmel
         self._hop = logmel.dims.hop_length
         self._half = logmel.dims.n_fft // 2
+        self._preemph = np.float32(logmel.dims.preemph)
         self._buf = np.zeros(self._half, dtype=np.float32)  # pre-emphasised, from sample `_start`
         self._start = -self._half
-        self._last = 0.0  # last raw sample, for pre-emphasis across pieces
+        self._last = np.float32(0.0)  # last raw sample, for pre-emphasis across pieces
         self._seen = 0  # raw samples pushed so far
         self._next = 0  # next frame index to emit
+        self._flushed = False
 
     @property
     def samples_seen(self) -> int:
         return self._seen
 
-    def push(self, samples: np.ndarray) -> Tensor:
-        """samples: (n,) float32 mono at the model rate. Returns new frames (n_mels, k)."""
+    def feed(self, samples: np.ndarray) -> None:
+        """Queue samples: (n,) float32 mono at the model rate (pre-emphasis only, no frames)."""
         if samples.size == 0:
-            return self._emit(self._ready_frames())
-        x = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))
-        prev = torch.tensor([self._last], dtype=torch.float32)
-        y = (x - self._logmel.dims.preemph * torch.cat([prev, x[:-1]])).numpy()
+            return
+        x = np.ascontiguousarray(samples, dtype=np.float32)
+        prev = np.concatenate([np.array([self._last], dtype=np.float32), x[:-1]])
+        y = x - self._preemph * prev  # float32, rounded as the offline torch ops round
         if self._seen == 0:
             y[0] = x[0]
-        self._last = float(x[-1])
-        self._seen += x.numel()
+        self._last = x[-1]
+        self._seen += x.size
         self._buf = np.concatenate([self._buf, y])
-        return self._emit(self._ready_frames())
+
+    def take_segment(self, final: bool = False) -> np.ndarray | None:
+        """The padded samples of every frame ready now (of all remaining frames if `final`: the
+        signal has ended), as a (S,) array whose full 512-sample frames at hop 160 are exactly
+        those frames; None when there are none. Advances past them."""
+        if final and not self._flushed:
+            self._buf = np.concatenate([self._buf, np.zeros(2 * self._half, dtype=np.float32)])
+            self._flushed = True
+        upto = self._seen // self._hop if final else self.frames_for(self._seen, final=False)
+        if upto <= self._next:
+            return None
+        lo = self._next * self._hop - self._half - self._start
+        hi = (upto - 1) * self._hop + self._half - self._start
+        seg = self._buf[lo:hi]
+        self._next = upto
+        keep_from = self._next * self._hop - self._half - self._start
+        self._buf = self._buf[keep_from:]
+        self._start += keep_from
+        return seg
+
+    def push(self, samples: np.ndarray) -> Tensor:
+        """samples: (n,) float32 mono at the model rate. Returns new frames (n_mels, k)."""
+        self.feed(samples)
+        return self._frames(self.take_segment())
 
     def flush(self) -> Tensor:
         """Emit the frames left at the end of the signal (total = samples // hop)."""
-        total = self._seen // self._hop
-        self._buf = np.concatenate([self._buf, np.zeros(2 * self._half, dtype=np.float32)])
-        return self._emit(total)
+        return self._frames(self.take_segment(final=True))
 
     def frames_for(self, samples: int, final: bool) -> int:
         """Frames this extractor emits in total once `samples` samples have been pushed (and
@@ -136,19 +169,23 @@ class IncrementalLogMel:
             return 0
         return min((samples - self._half) // self._hop + 1, samples // self._hop)
 
-    def _ready_frames(self) -> int:
-        return self.frames_for(self._seen, final=False)
-
-    def _emit(self, upto: int) -> Tensor:
-        if upto <= self._next:
+    def _frames(self, seg: np.ndarray | None) -> Tensor:
+        if seg is None:
             return torch.empty(self._logmel.dims.n_mels, 0)
-        lo = self._next * self._hop - self._half - self._start
-        hi = (upto - 1) * self._hop + self._half - self._start
-        seg = torch.from_numpy(self._buf[lo:hi].copy())[None]
-        with torch.no_grad():
-            mel = self._logmel.frames(seg)[0]
-        self._next = upto
-        keep_from = self._next * self._hop - self._half - self._start
-        self._buf = self._buf[keep_from:]
-        self._start += keep_from
-        return mel
+        return torch.from_numpy(logmel_many(self._logmel, [seg])[0])
+
+
+def logmel_many(logmel: LogMel, segments: list[np.ndarray]) -> list[np.ndarray]:
+    """Frames of many `take_segment()` segments in one batched call (one STFT, one matmul).
+
+    Returns, per segment, (n_mels, k) float32 with k = (len - n_fft) // hop + 1."""
+    if not segments:
+        return []
+    d = logmel.dims
+    counts = [(s.size - d.n_fft) // d.hop_length + 1 for s in segments]
+    batch = np.zeros((len(segments), max(s.size for s in segments)), dtype=np.float32)
+    for row, seg in zip(batch, segments):
+        row[: seg.size] = seg
+    with torch.no_grad():
+        mel = logmel.frames(torch.from_numpy(batch)).numpy()
+    return [mel[i, :, :k] for i, k in enumerate(counts)]

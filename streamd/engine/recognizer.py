@@ -12,9 +12,11 @@ import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from streamd.audio.features import logmel_many
 from streamd.decoding.graphs import GraphGreedyLabelLooping
 from streamd.decoding.greedy import GreedyLabelLooping
 from streamd.decoding.state import DecoderState
@@ -98,11 +100,17 @@ class Recognizer:
         """Encode and decode one chunk of every given stream (each must be `ready`)."""
         cache, dec = self.state_tensors()
         device = cache.channel.device
+        # Per-stream work is numpy only; torch is called a fixed number of times per step. Each
+        # torch call releases and re-takes the GIL, and with a busy event loop in the other
+        # thread every re-take can wait a whole switch interval.
+        pending = [(s, seg) for s in streams if (seg := s.feature_segment()) is not None]
+        for (s, _), frames in zip(pending, logmel_many(self._logmel, [seg for _, seg in pending])):
+            s.add_frames(frames)
         windows = [s.take_window() for s in streams]
-        mel = torch.stack([w.mel for w in windows]).to(device)
-        lengths = torch.tensor([w.length for w in windows], device=device)
-        start = torch.tensor([w.start for w in windows], device=device)
-        rows = torch.tensor([s.slot for s in streams], device=device)
+        mel = torch.from_numpy(np.stack([w.mel for w in windows])).to(device)
+        meta = torch.tensor([[w.length for w in windows], [w.start for w in windows],
+                             [s.slot for s in streams]], device=device)
+        lengths, start, rows = meta[0], meta[1], meta[2]
         sub = EncoderCache(cache.channel.index_select(1, rows), cache.time.index_select(1, rows),
                            cache.channel_len.index_select(0, rows))
         enc, enc_len, sub = self.model.encoder.streaming_forward(mel, lengths, sub, start=start)

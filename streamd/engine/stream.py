@@ -11,8 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from streamd.audio.features import IncrementalLogMel, LogMel
 from streamd.model.encoder import PRE_ENCODE_CACHE
@@ -44,20 +42,23 @@ class ChunkGeometry:
 class Window:
     """What a stream contributes to one encoder step: mel (n_mels, W), valid rows [start, length)."""
 
-    mel: Tensor
+    mel: np.ndarray
     start: int
     length: int
 
 
 @dataclass
 class Stream:
-    """Features and pending frames of one stream; the engine owns its slot in the batched state."""
+    """Features and pending frames of one stream; the engine owns its slot in the batched state.
+
+    Everything here is numpy: the engine thread must not spend a GIL release and re-acquire (a
+    torch call) per stream, or a busy event loop stalls it (see `Recognizer.step`)."""
 
     slot: int
     features: IncrementalLogMel
     geometry: ChunkGeometry
-    pending: Tensor  # (n_mels, k) mel frames computed, not yet encoded
-    tail: Tensor  # (n_mels, <= 9) last encoded mel frames
+    pending: np.ndarray  # (n_mels, k) mel frames computed, not yet encoded
+    tail: np.ndarray  # (n_mels, <= 9) last encoded mel frames
     steps: int = 0
     ended: bool = False
     frames_decoded: int = 0  # encoder frames
@@ -70,12 +71,12 @@ class Stream:
 
     @classmethod
     def new(cls, slot: int, logmel: LogMel, geometry: ChunkGeometry) -> Stream:
-        empty = torch.empty(logmel.dims.n_mels, 0)
+        empty = np.zeros((logmel.dims.n_mels, 0), dtype=np.float32)
         return cls(slot, IncrementalLogMel(logmel), geometry, empty, empty)
 
     def push_audio(self, samples: np.ndarray) -> None:
         """samples: (n,) float32 mono at the model's sample rate. Only queued: features are
-        computed once per step, for a whole chunk, in `take_window`."""
+        computed once per step, for a whole chunk and for all streams together."""
         if samples.size:
             self.raw.append(samples)
             self.samples += samples.size
@@ -103,26 +104,30 @@ class Stream:
     def finished(self) -> bool:
         return self.ended and self.frames_left == 0
 
-    def _compute_features(self) -> None:
+    def feature_segment(self) -> np.ndarray | None:
+        """Hand the queued audio to the feature extractor and return the samples of the frames
+        now computable (for `logmel_many`), or None."""
         if self.raw:
-            self.pending = torch.cat([self.pending, self.features.push(np.concatenate(self.raw))], dim=1)
+            self.features.feed(np.concatenate(self.raw))
             self.raw = []
-        if self.ended and self.pending.shape[1] < self.frames_left:
-            self.pending = torch.cat([self.pending, self.features.flush()], dim=1)
+        return self.features.take_segment(final=self.ended)
+
+    def add_frames(self, frames: np.ndarray) -> None:
+        """frames: (n_mels, k) computed from this stream's last `feature_segment()`."""
+        self.pending = np.concatenate([self.pending, frames], axis=1) if self.pending.size else frames
 
     def take_window(self) -> Window:
-        """Consume the next chunk and lay it out in the uniform window."""
-        self._compute_features()
+        """Consume the next chunk (its frames must be pending) and lay it out in the uniform window."""
         g, need = self.geometry, self.need
         new = self.pending[:, :need]
         self.pending = self.pending[:, need:]
         self.frames_taken += new.shape[1]
         w = g.window
         lead = w - need  # rows before the new frames: 16 on the first step, 9 after
-        mel = torch.zeros(new.shape[0], w)
+        mel = np.zeros((new.shape[0], w), dtype=np.float32)
         t = self.tail.shape[1]
         mel[:, lead - t: lead] = self.tail
         mel[:, lead: lead + new.shape[1]] = new
-        self.tail = torch.cat([self.tail, new], dim=1)[:, -PRE_ENCODE_CACHE:]
+        self.tail = np.concatenate([self.tail, new], axis=1)[:, -PRE_ENCODE_CACHE:]
         self.steps += 1
         return Window(mel, lead - t, lead + new.shape[1])

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import signal
 import ssl
+import sys
 from pathlib import Path
 from http import HTTPStatus
 from typing import Any
@@ -135,6 +136,10 @@ class App:
             except (RuntimeError, ValueError):  # not the main thread (tests)
                 pass
         notifier = systemd.Notifier()
+        # The engine thread re-takes the GIL after every torch call; while the event loop runs
+        # Python, each re-take waits up to this interval (CPython's default, 5 ms, made a busy
+        # daemon's steps many times slower).
+        sys.setswitchinterval(self.state.config.engine.gil_switch_ms / 1000)
         self.state.engine.start()
         await warm_up(self.state.engine)
         admin = AdminServer(self.control, self.state.config.admin)

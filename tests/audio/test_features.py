@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from helpers import reference
-from streamd.audio.features import IncrementalLogMel, LogMel, slaney_mel_filterbank
+from streamd.audio.features import IncrementalLogMel, LogMel, logmel_many, slaney_mel_filterbank
 from streamd.model.dims import FeatureDims
 
 
@@ -68,3 +68,30 @@ def test_incremental_never_emits_past_the_offline_count() -> None:
         assert total <= inc.samples_seen // 160
     total += inc.flush().shape[1]
     assert total == 1460 // 160
+
+
+def test_many_streams_in_one_call_equal_each_alone_bitwise() -> None:
+    lm = LogMel(FeatureDims())
+    rng = np.random.default_rng(7)
+    signals = [rng.standard_normal(n).astype(np.float32) * 0.1 for n in (700, 5000, 16000, 512, 3333)]
+    alone = [lm(torch.from_numpy(x)[None], torch.tensor([x.size]))[0][0] for x in signals]
+    extractors = [IncrementalLogMel(lm) for _ in signals]
+    got: list[list[np.ndarray]] = [[] for _ in signals]
+    pos = [0] * len(signals)
+    while any(p < x.size for p, x in zip(pos, signals)) or pos[0] >= 0:
+        final = all(p >= x.size for p, x in zip(pos, signals))
+        segs, owners = [], []
+        for i, (inc, x) in enumerate(zip(extractors, signals)):
+            k = int(rng.integers(1, 2500))
+            inc.feed(x[pos[i]: pos[i] + k])
+            pos[i] += k
+            seg = inc.take_segment(final=final)
+            if seg is not None:
+                segs.append(seg)
+                owners.append(i)
+        for i, frames in zip(owners, logmel_many(lm, segs)):
+            got[i].append(frames)
+        if final:
+            break
+    for parts, ref in zip(got, alone):
+        assert np.array_equal(np.concatenate(parts, axis=1), ref.numpy())
