@@ -12,6 +12,9 @@
 # BUDGET_MIN (default 9.2) is the wall clock this script may use; training gets what is left
 # after synthesis minus a margin. The same seeds every call: the data are the same every call.
 # Knobs (environment): N_TRAIN=40000 N_DEV=1000 N_EVAL=640 WORKERS=16 DEVICE=cuda TRAIN_ARGS=...
+# INIT_FROM=MODEL.pt (start from a model's weights, e.g. streamd/assets/default-model.pt, when
+# there is no saved state). A warm machine keeps the state in $WORK/ckpt: a next call resumes
+# from it without carrying last.pt.
 set -uo pipefail
 MODE=${1:-train}
 BUDGET_MIN=${2:-9.2}
@@ -62,10 +65,18 @@ if [ "$MODE" = train ]; then
     synth dev dev.txt train "$N_DEV" 1 4 & p2=$!
     wait $p1 || die "train synthesis"
     wait $p2 || die "dev synthesis"
+    # The state to continue: the newest of this machine's own (a warm machine keeps it between
+    # calls, so nothing needs to travel) and the carried one; else INIT_FROM's weights; else none.
     RESUME=()
-    if [ -e $CKPT/last.pt ] || [ -e $CKPT/last.pt.000 ]; then
-        RESUME=(--resume $CKPT/last.pt)
-        log "resuming from $CKPT/last.pt ($(ls $CKPT | tr '\n' ' '))"
+    step_of() { python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["progress"]["step"])' "$1/summary.json" 2>/dev/null || echo -1; }
+    SRC=$CKPT
+    if [ "$(step_of "$WORK/ckpt")" -gt "$(step_of $CKPT)" ]; then SRC=$WORK/ckpt; fi
+    if [ -e $SRC/last.pt ] || [ -e $SRC/last.pt.000 ]; then
+        RESUME=(--resume $SRC/last.pt)
+        log "resuming from $SRC/last.pt (step $(step_of $SRC))"
+    elif [ -n "${INIT_FROM:-}" ]; then
+        RESUME=(--init-from "$INIT_FROM")
+        log "no saved state: starting from the weights of $INIT_FROM"
     else
         log "no $CKPT/last.pt*: training from scratch"
     fi
@@ -80,6 +91,7 @@ if [ "$MODE" = train ]; then
         2> >(tee "$WORK/train.err" >&2)
     rc=$?
     [ $rc -eq 0 ] || { tail -30 "$WORK/train.err" | tee -a "$LOG"; die "train.py rc $rc"; }
+    rm -rf "$WORK/ckpt" && mkdir -p "$WORK/ckpt" && cp "$OUT"/last.pt.* "$OUT"/summary.json "$WORK/ckpt/"
 elif [ "$MODE" = eval ]; then
     synth eval eval.txt eval "$N_EVAL" 2 8 & p1=$!
     synth eval-train-voices eval.txt train "$N_EVAL" 3 8 & p2=$!

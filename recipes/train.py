@@ -65,7 +65,7 @@ from recipes.state import (
 from recipes.synthetic.augment import AugmentConfig, augment
 from recipes.wer import wer
 from streamd.decoding.tokenizer import Tokenizer
-from streamd.model.checkpoint import save_streamd
+from streamd.model.checkpoint import load_model, save_streamd
 from streamd.model.dims import ModelDims
 from streamd.model.transducer import Transducer
 
@@ -107,6 +107,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--dev-manifest", type=Path, required=True)
     a("--tokenizer", type=Path, required=True, help="SentencePiece model; trained here (BPE) if missing")
     a("--resume", type=Path, help="last.pt (whole, or last.pt.000... parts) to continue from")
+    a("--init-from", type=Path, help="a streamd model file: start from its weights, dims and tokenizer "
+                                     "with a fresh optimizer and schedule (e.g. the shipped model)")
     a("--out", type=Path, required=True)
     a("--minutes", type=float, help="wall-clock budget of this run; it stops, evaluates and saves within it")
     a("--max-steps", type=int, default=6000, help="end of training and of the cosine schedule")
@@ -294,6 +296,12 @@ def main(argv: list[str] | None = None) -> Progress:
             args.tokenizer.parent.mkdir(parents=True, exist_ok=True)
             args.tokenizer.write_bytes(tokenizer.model_proto)
         log(f"resuming from {args.resume} (step {blob['progress']['step']}); model dims and tokenizer from it")
+    elif args.init_from:
+        init = load_model(args.init_from)
+        tokenizer, dims = init.tokenizer, init.model.dims
+        args.tokenizer.parent.mkdir(parents=True, exist_ok=True)
+        args.tokenizer.write_bytes(tokenizer.model_proto)
+        log(f"starting from the weights of {args.init_from} ({init.name}); fresh optimizer")
     else:
         if args.tokenizer.exists():
             tokenizer = Tokenizer(args.tokenizer.read_bytes())
@@ -303,7 +311,11 @@ def main(argv: list[str] | None = None) -> Progress:
             log(f"trained a BPE tokenizer: {tokenizer.vocab_size} pieces -> {args.tokenizer}")
         dims = build_dims(args.size, tokenizer.vocab_size)
 
-    model = Transducer(dims).to(device)
+    model = Transducer(dims)
+    if blob is None and args.init_from:
+        model.load_state_dict(init.model.state_dict())
+        del init
+    model = model.to(device)
     opt = make_optimizer(model, args.lr, args.weight_decay)
     progress = restore(blob, model, opt) if blob is not None else Progress()
     progress.calls += 1

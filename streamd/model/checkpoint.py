@@ -81,9 +81,13 @@ def load_streamd(path: Path) -> LoadedModel:
     return LoadedModel(model, Tokenizer(bytes(blob["tokenizer"])), str(blob.get("name", path.stem)))
 
 
-def save_streamd(path: str | os.PathLike[str], model: Transducer, tokenizer: Tokenizer, name: str) -> None:
-    """One file: dims, fp32 weights, tokenizer. Loadable with `torch.load(weights_only=True)`."""
-    state = {k: v.detach().float().cpu() if v.is_floating_point() else v.cpu() for k, v in model.state_dict().items()}
+def save_streamd(path: str | os.PathLike[str], model: Transducer, tokenizer: Tokenizer, name: str,
+                 weights_dtype: torch.dtype = torch.float32) -> None:
+    """One file: dims, weights, tokenizer. Loadable with `torch.load(weights_only=True)`.
+
+    `weights_dtype` is only how the weights are stored (fp16 halves the file); they load as fp32."""
+    state = {k: v.detach().to(weights_dtype).cpu() if v.is_floating_point() else v.cpu()
+             for k, v in model.state_dict().items()}
     torch.save({"format": STREAMD_FORMAT, "name": name, "dims": model.dims.to_dict(),
                 "state_dict": state, "tokenizer": tokenizer.model_proto}, path)
 

@@ -267,6 +267,23 @@ def test_two_runs_with_resume_equal_one_run_and_export_loads(corpus: Path, tmp_p
     assert state.load_streamd_any(two / "default-model.pt").model.dims == loaded.model.dims
 
 
+def test_init_from_a_model_starts_a_fresh_run_from_its_weights(corpus: Path, tmp_path: Path) -> None:
+    first = tmp_path / "first"
+    train.main(tiny_args(corpus, first, "--max-steps", "2"))
+    shipped = load_model(first / "default-model.pt")
+    second = tmp_path / "second"
+    progress = train.main(tiny_args(corpus, second, "--max-steps", "1", "--init-from", str(first / "default-model.pt"),
+                                    "--tokenizer", str(tmp_path / "second-tok.model")))
+    assert progress.step == 1 and progress.calls == 1
+    blob = state.load_object(second / "last.pt")
+    assert bytes(blob["tokenizer"]) == shipped.tokenizer.model_proto
+    moved = [k for k, v in shipped.model.state_dict().items()
+             if v.is_floating_point() and not torch.equal(v, blob["model"][k])]
+    assert moved  # one step from the shipped weights, not from a fresh initialisation:
+    k = "encoder.layers.0.self_attn.linear_q.weight"
+    assert (blob["model"][k] - shipped.model.state_dict()[k]).abs().max() < 0.01
+
+
 def test_evaluate_streaming_matches_offline(corpus: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     train.main(tiny_args(corpus, out, "--max-steps", "3"))
