@@ -20,7 +20,8 @@ from streamd.server.metrics import Metrics
 TINY = FIXTURES / "tiny_streaming_fastconformer_rnnt.nemo"
 
 
-def config(model: Path = TINY, admin: AdminConfig | None = None, **server: Any) -> Config:
+def config(model: Path | None = TINY, admin: AdminConfig | None = None, **server: Any) -> Config:
+    """A test daemon on port 0, CPU; `model=None` serves the shipped default model."""
     base = dict(port=0, max_streams=64, idle_timeout_s=10.0)
     base.update(server)
     return Config(server=ServerConfig(**base), engine=EngineConfig(model=model, device="cpu"),

@@ -60,12 +60,15 @@ class Recognizer:
         self._free = list(range(capacity - 1, -1, -1))
         self._cache: EncoderCache | None = None
         self._dec: DecoderState | None = None
+        self._staged: EncoderCache | None = None
 
-    def use_model(self, model: Transducer) -> None:
+    def use_model(self, model: Transducer, staged: EncoderCache | None = None) -> None:
         """Serve from another model object with the same weights and architecture (a migration
-        target); slot state follows it at the next `state_tensors()`."""
+        target); slot state follows it at the next `state_tensors()`, copied into `staged`
+        (buffers already allocated at the new placement, see `migration.stage_cache`) if given."""
         model.encoder.set_att_context(self.model.encoder.att_context)
         self.model, self.decoder = model, self.decoder_factory(model)
+        self._staged = staged
 
     @property
     def active(self) -> int:
@@ -91,7 +94,13 @@ class Recognizer:
             self._cache = self.model.encoder.init_cache(self.capacity, device, dtype)
             self._dec = self.decoder.initial_state(self.capacity)
         elif self._cache.channel.device != device or self._cache.channel.dtype != dtype:
-            self._cache = self._cache.to(device, dtype)
+            staged, self._staged = self._staged, None
+            if (staged is not None and staged.channel.device == device and staged.channel.dtype == dtype
+                    and staged.channel.shape == self._cache.channel.shape):
+                staged.copy_(self._cache)
+                self._cache = staged
+            else:
+                self._cache = self._cache.to(device, dtype)
             self._dec = self._dec.to(device, dtype)
         return self._cache, self._dec
 

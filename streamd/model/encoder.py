@@ -34,6 +34,12 @@ class EncoderCache:
         return EncoderCache(self.channel.to(device, dtype), self.time.to(device, dtype),
                             self.channel_len.to(device))
 
+    def copy_(self, src: EncoderCache) -> None:
+        """Copy `src` (same shapes, any device and dtype) into these buffers."""
+        self.channel.copy_(src.channel)
+        self.time.copy_(src.time)
+        self.channel_len.copy_(src.channel_len)
+
 
 class ConformerEncoder(nn.Module):
     """(B, n_mels, T) log-mel -> (B, T', d_model) at 80 ms per frame."""

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from streamd.config import AdminConfig
-from streamd.engine.migration import MigrationFailed, MigrationReport, cut_over, placement, prepare
+from streamd.engine.migration import MigrationFailed, MigrationReport, cut_over, placement, prepare, stage_cache
 from streamd.engine.placement import DTYPE_NAMES, parse_device, parse_dtype
 from streamd.server.handler import ServerState
 
@@ -62,10 +62,12 @@ class Control:
                 t0 = time.perf_counter()
                 target = await asyncio.to_thread(prepare, self.state.master, dev, dt,
                                                  rec.model.encoder.att_context, True)
+                staged = await asyncio.to_thread(stage_cache, target, rec.capacity)
                 report.prepare_ms = (time.perf_counter() - t0) * 1000
                 self.state.cutting_over = True
                 try:
-                    report.pause_ms, report.streams = await self.state.engine.call(lambda r: cut_over(r, target))
+                    report.pause_ms, report.streams = await self.state.engine.call(
+                        lambda r: cut_over(r, target, staged))
                 finally:
                     self.state.cutting_over = False
                 report.ok = True

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from helpers import fixture_model, greedy, random_model, reference, run_streams, synthetic_audio
+from streamd.engine.migration import cut_over, prepare, stage_cache
 from streamd.engine.recognizer import Recognizer, transcribe_offline
 from streamd.engine.stream import Stream
 from streamd.model.transducer import Transducer
@@ -103,3 +104,31 @@ def test_plain_to_mid_stream_is_enough() -> None:
     # every encoder frame decoded, none twice
     assert s.frames_decoded == reference("hybrid")["offline"]["att70_6"]["in1_am_tones_bursts_4p37s"]["encoded_len"]
     assert len(s.tokens) > 10
+
+
+def test_cut_over_copies_slot_state_into_the_staged_buffers() -> None:
+    """A migration target's slot-state buffers are allocated before the pause; the cut-over
+    copies into exactly those buffers, and the transcript is the one without a move."""
+    m = fixture_model("rnnt").model.eval()
+    audio = reference("rnnt")["inputs"]["in1_am_tones_bursts_4p37s"]["audio"].numpy()
+    expected = transcribe_offline(m, torch.from_numpy(audio))
+    rec = Recognizer(m, capacity=3)
+    s = rec.open()
+    s.push_audio(audio[:30000])
+    while s.ready:
+        rec.step([s])
+    target = prepare(m, torch.device("cpu"), torch.float64)
+    staged = stage_cache(target, rec.capacity)
+    before = rec.state_tensors()[0].channel.clone()
+    cut_over(rec, target, staged)
+    cache = rec.state_tensors()[0]
+    assert cache is staged and cache.channel.dtype == torch.float64
+    assert torch.equal(cache.channel, before.double())
+    back = prepare(m, torch.device("cpu"), torch.float32)
+    cut_over(rec, back)  # no staged buffers: converted with .to()
+    assert rec.state_tensors()[0].channel.dtype == torch.float32
+    s.push_audio(audio[30000:])
+    s.end()
+    while s.ready:
+        rec.step([s])
+    assert (s.tokens, s.times) == expected

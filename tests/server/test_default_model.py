@@ -1,0 +1,51 @@
+"""The shipped default model, served with no model flag, transcribes speech made at test time."""
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from daemon import config, running, stream_pcm
+from recipes.wer import wer
+from streamd.model.checkpoint import DEFAULT_MODEL
+
+# Not from the training text; spoken by espeak-ng's default American voice (a training voice).
+SENTENCES = [
+    "please call me back in ten minutes",
+    "the weather is nice today",
+    "we will meet at the train station tomorrow morning",
+    "open the door and turn on the light",
+]
+MAX_WER = 35.0  # percent; the shipped step-4103 model gets 6.9 on these
+
+pytestmark = pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="needs espeak-ng (.ci/run installs it)")
+
+
+def speak(text: str, path: Path) -> bytes:
+    """espeak-ng's WAV (22.05 kHz) as s16le bytes; the daemon resamples."""
+    subprocess.run(["espeak-ng", "-v", "en-us", "-s", "150", "-w", str(path), text], check=True)
+    pcm, rate = sf.read(str(path), dtype="int16")
+    assert rate == 22050
+    return np.asarray(pcm, dtype="<i2").tobytes()
+
+
+def test_shipped_model_transcribes_espeak_speech_through_the_daemon(tmp_path: Path) -> None:
+    assert DEFAULT_MODEL.exists() and DEFAULT_MODEL.stat().st_size <= 25_000_000
+    audio = [speak(s, tmp_path / f"{i}.wav") for i, s in enumerate(SENTENCES)]
+
+    async def main() -> list[str]:
+        async with running(config(model=None)) as (_, url):
+            start = {"type": "start", "sample_rate": 22050, "encoding": "s16le"}
+            rng = np.random.default_rng(0)
+            transcripts = await asyncio.gather(*(stream_pcm(url, pcm, rng, start) for pcm in audio))
+        return [" ".join(f["text"] for f in t.of("final")) for t in transcripts]
+
+    hyps = asyncio.run(main())
+    score = wer(zip(SENTENCES, hyps))
+    print("\n".join(f"{r!r} -> {h!r}" for r, h in zip(SENTENCES, hyps)), f"WER {score:.1f}%")
+    assert score <= MAX_WER, list(zip(SENTENCES, hyps))
