@@ -27,7 +27,7 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   python3 scripts/bench_migration.py --streams 256 --seconds 30 --start cuda:0/fp32 \
     --moves cuda:0/bf16,cuda:0/fp32,cuda:0/bf16,cuda:0/fp32 --out "$OUT/bench_migration_gpu.json" \
     2>&1 | tee "$OUT/bench_migration_gpu.log" || status=1
-  python3 scripts/load.py --model "${LOAD_MODEL:?set LOAD_MODEL to a model file}" --device cuda --dtype bf16 \
+  python3 scripts/load.py --model "${LOAD_MODEL:-streamd/assets/default-model.pt}" --device cuda --dtype bf16 \
     --start 16 --max-streams 1024 --client-procs 8 --seconds 20 --json "$OUT/load.json" ${LOAD_WAVS:-} \
     2>&1 | tee "$OUT/load.log" || status=1
 fi
