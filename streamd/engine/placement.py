@@ -41,6 +41,9 @@ def parse_device(name: str) -> torch.device:
 
 def move_model(model: Transducer, device: torch.device, dtype: torch.dtype) -> None:
     """Move and cast the model in place. The features' window and filterbank stay fp32 (the
-    front end always computes in fp32, on the CPU for live streams)."""
+    front end always computes in fp32, on the CPU for live streams). On the CPU the subsampling
+    convolutions keep their weights channels-last, which halves their time there (oneDNN)."""
     model.to(device=device, dtype=dtype)
     model.preprocessor.float()
+    conv_format = torch.channels_last if device.type == "cpu" else torch.contiguous_format
+    model.encoder.pre_encode.conv.to(memory_format=conv_format)

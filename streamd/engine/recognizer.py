@@ -122,7 +122,8 @@ class Recognizer:
         lengths, start, rows = meta[0], meta[1], meta[2]
         sub = EncoderCache(cache.channel.index_select(1, rows), cache.time.index_select(1, rows),
                            cache.channel_len.index_select(0, rows))
-        enc, enc_len, sub = self.model.encoder.streaming_forward(mel, lengths, sub, start=start)
+        full = all(w.start == 0 and w.length == mel.shape[2] for w in windows)
+        enc, enc_len, sub = self.model.encoder.streaming_forward(mel, lengths, sub, start=start, full=full)
         hyps, new_dec = self.decoder(enc, enc_len, dec.index_select(rows))
         cache.channel.index_copy_(1, rows, sub.channel)
         cache.time.index_copy_(1, rows, sub.time)

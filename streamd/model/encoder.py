@@ -83,8 +83,8 @@ class ConformerEncoder(nn.Module):
         return x, lengths
 
     def streaming_forward(self, mel: Tensor, lengths: Tensor, cache: EncoderCache,
-                          drop_extra: int = DROP_EXTRA_PRE_ENCODED, start: Tensor | None = None
-                          ) -> tuple[Tensor, Tensor, EncoderCache]:
+                          drop_extra: int = DROP_EXTRA_PRE_ENCODED, start: Tensor | None = None,
+                          full: bool = False) -> tuple[Tensor, Tensor, EncoderCache]:
         """One cache-aware step.
 
         Args:
@@ -95,9 +95,11 @@ class ConformerEncoder(nn.Module):
             start: (B,) mel frames at the front that do not exist yet (16 on a stream's first
                 step, 8 on the second at right context 0, else 0); they act as the causal zero
                 padding of the offline pass. None = all exist.
+            full: the caller knows that every row is complete (start all 0, lengths all T_in),
+                which spares the subsampling's masking.
         Returns: (B, T_out, d), (B,) valid output frames, the next cache.
         """
-        x, lengths = self.pre_encode(mel.to(self._dtype), lengths, start)
+        x, lengths = self.pre_encode(mel.to(self._dtype), lengths, start, full)
         if drop_extra:
             x = x[:, drop_extra:]
             lengths = (lengths - drop_extra).clamp(min=0)

@@ -8,7 +8,9 @@ from torch.nn import functional as F
 from streamd.model.dims import ModelDims
 
 # Each 3x3 stride-2 conv is zero-padded left 2 / right 1 on time AND frequency (NeMo CausalConv2D).
-CAUSAL_PAD = (2, 1, 2, 1)
+# Computed as the conv's own symmetric padding of 2 with the extra last row/column cut off: the
+# windows are the same (left padding 2), and no padded copy of the activation is made.
+CAUSAL_LEFT_PAD = 2
 
 
 def stage_length(lengths: Tensor) -> Tensor:
@@ -38,21 +40,37 @@ class CausalSubsampling(nn.Module):
             freq = freq // 2 + 1
         self.out = nn.Linear(c * freq, dims.d_model)
 
-    def forward(self, mel: Tensor, lengths: Tensor, start: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def forward(self, mel: Tensor, lengths: Tensor, start: Tensor | None = None, full: bool = False
+                ) -> tuple[Tensor, Tensor]:
         """Args:
             mel: (B, n_mels, T); lengths: (B,) valid frames; start: (B,) first valid frame, a
-            multiple of 8 (default 0).
+            multiple of 8 (default 0); full: the caller knows every row is valid (no start,
+            lengths == T), so the row masks, all ones, are skipped.
         Returns: (B, T', d_model) and (B,) output lengths."""
         x = mel.transpose(1, 2).unsqueeze(1)  # (B, 1, T, F)
         for i, layer in enumerate(self.conv):
             if i in (0, 2, 5):
-                x = F.pad(x * _row_mask(x, lengths, start), CAUSAL_PAD)
+                if not full:
+                    x = x * _row_mask(x, lengths, start)
                 lengths = stage_length(lengths)
                 start = None if start is None else start // 2
-            x = layer(x)
-        x = x * _row_mask(x, lengths, start)
+                x = _causal_strided_conv(layer, x)
+            elif isinstance(layer, nn.ReLU):
+                x = torch.relu_(x)  # in place: the activation is fresh, nothing else holds it
+            else:
+                x = layer(x)
+        if not full:
+            x = x * _row_mask(x, lengths, start)
         b, c, t, f = x.shape
         return self.out(x.transpose(1, 2).reshape(b, t, c * f)), lengths
+
+
+def _causal_strided_conv(conv: nn.Conv2d, x: Tensor) -> Tensor:
+    """A 3x3 stride-2 conv with causal zero padding (2, 1) on both axes: (B, C, T, F) ->
+    (B, C', T // 2 + 1, F // 2 + 1)."""
+    _, _, t, f = x.shape
+    y = F.conv2d(x, conv.weight, conv.bias, stride=conv.stride, padding=CAUSAL_LEFT_PAD, groups=conv.groups)
+    return y[:, :, : t // 2 + 1, : f // 2 + 1]
 
 
 def _row_mask(x: Tensor, lengths: Tensor, start: Tensor | None) -> Tensor:
