@@ -7,6 +7,7 @@ import torch
 
 from helpers import fixture_model, greedy, random_model, reference, run_streams, synthetic_audio
 from streamd.engine.migration import cut_over, prepare, stage_cache
+from streamd.engine.placement import move_model
 from streamd.engine.recognizer import Recognizer, transcribe_offline
 from streamd.engine.stream import Stream
 from streamd.model.transducer import Transducer
@@ -43,6 +44,9 @@ def test_fixture_models_streaming_equals_offline(right: int) -> None:
 @pytest.mark.parametrize("seed", [0, 1])
 def test_random_models_streaming_equals_offline(seed: int) -> None:
     m = random_model(seed, att_context_sizes=((16, 3), (16, 0)))
+    if seed == 1:  # as the daemon places it: channels-last subsampling weights on the CPU
+        move_model(m, torch.device("cpu"), torch.float32)
+        assert m.encoder.pre_encode.conv[0].weight.is_contiguous(memory_format=torch.channels_last)
     for right in (3, 0):
         rec = Recognizer(m, capacity=1, right_context=right)
         for k, secs in enumerate((0.3, 2.17, 4.05)):
