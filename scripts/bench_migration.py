@@ -2,8 +2,9 @@
 """Live-migration benchmark: a real daemon serving N real-time streams of a FastConformer-L sized
 model (random weights) while the admin API moves it, e.g. cpu -> cuda:0 -> bf16 -> fp32 -> cpu.
 
-Reports per move: the engine pause (swap + state conversion + probe step, from the admin
-report), the serving gap (last step completed before the move -> first step completed after,
+The clients run in `--client-procs` processes of their own. Reports per move: the engine
+pause (swap + state conversion, from the admin report; the probe step and the allocation of the
+target's buffers happen before it), the serving gap (last step completed before the move -> first step completed after,
 as clients see it), the first post-move step (decoder re-capture happens there) against the
 median step, peak GPU memory during the move, and streams dropped. Then a plain `model.to()`
 between steps (no admin path) and checks that results keep coming. Prints a table, writes JSON.
@@ -15,10 +16,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import platform
 import statistics
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +107,16 @@ async def client(url: str, seconds: float, rng: np.random.Generator, log: dict[s
     log["closed"] = ws.close_code
 
 
+def client_process(url: str, seconds: float, seeds: list[int]) -> list[dict[str, Any]]:
+    """Several clients in one process of their own, so that the daemon's event loop serves
+    only the daemon (as in production: clients are elsewhere)."""
+    async def all_clients() -> list[dict[str, Any]]:
+        logs: list[dict[str, Any]] = [{} for _ in seeds]
+        await asyncio.gather(*(client(url, seconds, np.random.default_rng(s), log) for s, log in zip(seeds, logs)))
+        return logs
+    return asyncio.run(all_clients())
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     model_path = Path(tempfile.mkdtemp()) / "model.pt"
     make_model(model_path, args.vocab)
@@ -127,9 +140,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     server = asyncio.create_task(app.serve(started))
     port = await started
     url = f"ws://127.0.0.1:{port}"
-    logs: list[dict[str, Any]] = [{} for _ in range(args.streams)]
-    clients = [asyncio.create_task(client(url, args.seconds, np.random.default_rng(i), logs[i]))
-               for i in range(args.streams)]
+    loop = asyncio.get_running_loop()
+    procs = max(1, min(args.client_procs, args.streams))
+    pool = ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("spawn"))
+    clients = [loop.run_in_executor(pool, client_process, url, args.seconds, list(range(p, args.streams, procs)))
+               for p in range(procs)]
+    t_wait = time.monotonic()
+    while len(state.live) < args.streams:  # the client processes start (and import) first
+        if time.monotonic() - t_wait > 120:
+            raise SystemExit(f"only {len(state.live)} of {args.streams} streams connected in 120 s")
+        await asyncio.sleep(0.1)
     await asyncio.sleep(args.settle)
     moves = []
     for move in args.moves.split(","):
@@ -164,7 +184,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.sleep(args.settle)
         plain = {"plain_to_bf16_steps_after": len(steps) - n0, "dtype_now": state.dtype}
         print(plain, flush=True)
-    await asyncio.gather(*clients)
+    logs = [log for chunk in await asyncio.gather(*clients) for log in chunk]
+    pool.shutdown()
     state.shutdown.set()
     await server
     dropped = sum(1 for g in logs if g.get("closed") != 1000 or "summary" not in g)
@@ -188,6 +209,7 @@ def main() -> None:
     ap.add_argument("--moves", default="cuda:0/fp32,cuda:0/bf16,cuda:0/fp32,cpu/fp32,cuda:0/fp32")
     ap.add_argument("--settle", type=float, default=4.0, help="seconds between moves")
     ap.add_argument("--vocab", type=int, default=1024)
+    ap.add_argument("--client-procs", type=int, default=8, help="processes the client streams run in")
     ap.add_argument("--out", default="bench_migration.json")
     args = ap.parse_args()
     result = asyncio.run(run(args))
