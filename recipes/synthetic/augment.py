@@ -20,7 +20,10 @@ class AugmentConfig:
 
     sample_rate: int = 16000
     speed_prob: float = 0.6
-    speed_range: tuple[float, float] = (0.9, 1.1)
+    # Up to 1.25: speed perturbation moves pitch and formants too, and the training voices outside
+    # espeak are all male (flite awb/rms/kal16, festival kal/ked); a faster copy of them has the
+    # higher formants and pitch of a shorter vocal tract.
+    speed_range: tuple[float, float] = (0.85, 1.25)
     reverb_prob: float = 0.3
     rt60_range: tuple[float, float] = (0.15, 0.8)
     drr_db_range: tuple[float, float] = (-3.0, 12.0)
