@@ -17,7 +17,7 @@ def _context(text: str) -> tuple[int, int]:
     return left, right
 
 
-def _add_decode(sub: argparse._SubParsersAction) -> None:
+def _add_decode(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("decode", help="transcribe audio files with the model, no server (JSON lines)")
     p.add_argument("files", nargs="+", help="audio files (WAV/FLAC/OGG, any rate, mixed to mono)")
     p.add_argument("--model", help="a .nemo file or streamd checkpoint (default: the shipped model)")
@@ -39,7 +39,7 @@ def _run_decode(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_serve(sub: argparse._SubParsersAction) -> None:
+def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from streamd.config import add_arguments
 
     p = sub.add_parser("serve", help="run the daemon (websocket API, health, metrics)")
@@ -61,7 +61,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_admin(sub: argparse._SubParsersAction) -> None:
+def _add_admin(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from streamd.config import default_admin_socket
 
     p = sub.add_parser("admin", help="control a running daemon (status, migrate, drain)")
@@ -88,7 +88,7 @@ def _run_admin(args: argparse.Namespace) -> int:
         return 1
 
 
-def _add_transcribe(sub: argparse._SubParsersAction) -> None:
+def _add_transcribe(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from streamd.clients.common import DEFAULT_URL
     from streamd.clients.output import FORMATS
 
@@ -112,7 +112,7 @@ def _run_transcribe(args: argparse.Namespace) -> int:
     return file.run(args)
 
 
-def _add_listen(sub: argparse._SubParsersAction) -> None:
+def _add_listen(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from streamd.clients.common import DEFAULT_URL
 
     p = sub.add_parser("listen", help="transcribe the microphone live through a running daemon")

@@ -39,6 +39,18 @@ def slaney_mel_filterbank(dims: FeatureDims) -> Tensor:
     return torch.from_numpy(weights.astype(np.float32))
 
 
+class _Featurizer(nn.Module):
+    """Holds the window and filterbank buffers under NeMo's names."""
+
+    window: Tensor
+    fb: Tensor
+
+    def __init__(self, window: Tensor, fb: Tensor) -> None:
+        super().__init__()
+        self.register_buffer("window", window)
+        self.register_buffer("fb", fb)
+
+
 class LogMel(nn.Module):
     """Offline log-mel features; buffers `featurizer.window` [400] and `featurizer.fb` [1, M, 257]
     carry NeMo's state-dict names so a checkpoint's own window and filterbank are used."""
@@ -46,9 +58,8 @@ class LogMel(nn.Module):
     def __init__(self, dims: FeatureDims) -> None:
         super().__init__()
         self.dims = dims
-        self.featurizer = nn.Module()
-        self.featurizer.register_buffer("window", torch.hann_window(dims.win_length, periodic=False))
-        self.featurizer.register_buffer("fb", slaney_mel_filterbank(dims)[None])
+        self.featurizer = _Featurizer(torch.hann_window(dims.win_length, periodic=False),
+                                      slaney_mel_filterbank(dims)[None])
 
     def frames(self, padded: Tensor) -> Tensor:
         """Log-mel of every full 512-sample frame of pre-emphasised, already padded audio.
@@ -73,12 +84,14 @@ class LogMel(nn.Module):
         mel = torch.log(torch.mm(self.featurizer.fb[0].float(), cols) + LOG_GUARD)[:, : b * n]
         return mel.reshape(-1, b, n).transpose(0, 1)
 
-    @torch.autocast("cuda", enabled=False)
-    @torch.autocast("cpu", enabled=False)
     def forward(self, audio: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
         """Args: audio (B, N) float, lengths (B,) int64 samples.
         Returns: mel (B, n_mels, max(lengths) // hop) float32 with frames past a row's length set
-        to 0.0 (as NeMo pads), and mel lengths (B,) = lengths // hop."""
+        to 0.0 (as NeMo pads), and mel lengths (B,) = lengths // hop. Always fp32 (no autocast)."""
+        with torch.autocast("cuda", enabled=False), torch.autocast("cpu", enabled=False):
+            return self._forward(audio, lengths)
+
+    def _forward(self, audio: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
         d = self.dims
         audio = audio.float()
         n = audio.shape[1]

@@ -14,7 +14,7 @@ from typing import Literal, get_args
 
 import numpy as np
 import numpy.typing as npt
-import soxr  # type: ignore[import-untyped]
+import soxr
 
 from streamd.errors import UnsupportedAudio
 

@@ -23,7 +23,7 @@ from typing import TextIO
 
 import numpy as np
 import soundfile as sf
-import soxr  # type: ignore[import-untyped]
+import soxr
 
 from streamd.audio.pcm import MAX_CHANNELS, MAX_SAMPLE_RATE, MIN_SAMPLE_RATE, MODEL_RATE
 from streamd.clients.common import DEFAULT_URL, Backoff, Session, open_stream, retry_delay

@@ -38,7 +38,7 @@ class MicrophoneError(Exception):
 
 def _sounddevice() -> Any:
     try:
-        import sounddevice  # type: ignore[import-untyped]
+        import sounddevice
     except (ImportError, OSError) as e:  # OSError: the PortAudio library is not installed
         raise MicrophoneError(f"{e}; install PortAudio (Debian: libportaudio2) and "
                               "`pip install 'streamd[mic]'`") from None

@@ -87,7 +87,7 @@ class CudaGraphBackend:
         sharing one private memory pool (steps never overlap, and each step's temporaries die
         inside it). Graphs keep their cudaGraph_t so a full graph can embed them."""
         with torch.cuda.device(device):
-            stream = torch.cuda.Stream(device)
+            stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
             stream.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(stream):
                 for _ in range(self.warmup_runs):
@@ -276,7 +276,7 @@ class GraphGreedyLabelLooping:
         # That ran the LSTM eagerly, which re-flattens (moves) its weights if they were assigned
         # since its last call; capture must see the settled pointers, and the key record them.
         key = self.current_key()
-        steps = dict(zip(STEPS, (partial(ref.before_outer_loop, loop), partial(ref.before_inner_loop, loop),
+        steps: dict[str, Callable[[], None]] = dict(zip(STEPS, (partial(ref.before_outer_loop, loop), partial(ref.before_inner_loop, loop),
                                  partial(ref.inner_loop_step, loop), partial(ref.after_inner_loop, loop))))
         try:
             graphs = self.backend.capture(key.device, steps, partial(self._warmup, loop))

@@ -105,19 +105,24 @@ class GreedyLabelLooping:
         w = self.joint.pred.weight
         dt = w.dtype
         cap = frames * self.max_symbols + 1
-        lng = dict(dtype=torch.long, device=device)
-        boo = dict(dtype=torch.bool, device=device)
         init = self.initial_state(batch)
+
+        def lng(*shape: int) -> Tensor:
+            return torch.zeros(shape, dtype=torch.long, device=device)
+
+        def boo(*shape: int) -> Tensor:
+            return torch.zeros(shape, dtype=torch.bool, device=device)
+
         return LoopState(
             fproj=torch.zeros(batch, frames, w.shape[0], dtype=dt, device=device),
-            lengths=torch.zeros(batch, **lng), state=init.clone(),
-            time=torch.zeros(batch, **lng), safe_time=torch.zeros(batch, **lng), last_t=torch.zeros(batch, **lng),
-            time_of_label=torch.zeros(batch, **lng), label=torch.zeros(batch, **lng),
-            active=torch.zeros(batch, **boo), advance=torch.zeros(batch, **boo),
-            active_any=torch.zeros((), **boo), advance_any=torch.zeros((), **boo),
-            out_labels=torch.zeros(batch, cap, **lng), out_times=torch.zeros(batch, cap, **lng),
-            out_len=torch.zeros(batch, **lng), last_stored_time=torch.zeros(batch, **lng),
-            symbols_at_time=torch.zeros(batch, **lng), batch_idx=torch.arange(batch, **lng))
+            lengths=lng(batch), state=init.clone(),
+            time=lng(batch), safe_time=lng(batch), last_t=lng(batch),
+            time_of_label=lng(batch), label=lng(batch),
+            active=boo(batch), advance=boo(batch),
+            active_any=boo(), advance_any=boo(),
+            out_labels=lng(batch, cap), out_times=lng(batch, cap),
+            out_len=lng(batch), last_stored_time=lng(batch),
+            symbols_at_time=lng(batch), batch_idx=torch.arange(batch, dtype=torch.long, device=device))
 
     def load(self, loop: LoopState, enc: Tensor, lengths: Tensor, state: DecoderState) -> None:
         """Copy inputs into the loop's buffers (rows past `enc`'s batch get length 0)."""

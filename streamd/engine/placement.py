@@ -46,4 +46,4 @@ def move_model(model: Transducer, device: torch.device, dtype: torch.dtype) -> N
     model.to(device=device, dtype=dtype)
     model.preprocessor.float()
     conv_format = torch.channels_last if device.type == "cpu" else torch.contiguous_format
-    model.encoder.pre_encode.conv.to(memory_format=conv_format)
+    model.encoder.pre_encode.conv.to(memory_format=conv_format)  # type: ignore[call-overload]  # torch's stub lacks it

@@ -13,6 +13,8 @@ class RelPositionalEncoding(nn.Module):
     """Scales x by sqrt(d) and returns the sinusoidal table rows for relative offsets
     +(n-1) ... -(n-1). The embedding is never added to x."""
 
+    pe: Tensor
+
     def __init__(self, d_model: int, max_len: int, xscaling: bool) -> None:
         super().__init__()
         self.d_model = d_model

@@ -14,16 +14,29 @@ PredictorState = tuple[Tensor, Tensor]  # (h, c), each (L, B, P)
 _ACTIVATIONS = {"relu": nn.ReLU, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh}
 
 
+class _DecRnn(nn.Module):
+    def __init__(self, lstm: nn.LSTM) -> None:
+        super().__init__()
+        self.lstm = lstm
+
+
+class _Prediction(nn.Module):
+    """Holds the parameters under NeMo's names: prediction.embed, prediction.dec_rnn.lstm."""
+
+    def __init__(self, embed: nn.Embedding, lstm: nn.LSTM) -> None:
+        super().__init__()
+        self.embed = embed
+        self.dec_rnn = _DecRnn(lstm)
+
+
 class Predictor(nn.Module):
     """Embedding(V+1, P, padding_idx=blank) -> LSTM(P, P, L): one label step per call."""
 
     def __init__(self, dims: ModelDims) -> None:
         super().__init__()
         p = dims.pred_hidden
-        self.prediction = nn.Module()
-        self.prediction.embed = nn.Embedding(dims.vocab_size + 1, p, padding_idx=dims.blank_id)
-        self.prediction.dec_rnn = nn.Module()
-        self.prediction.dec_rnn.lstm = nn.LSTM(p, p, dims.pred_rnn_layers)
+        self.prediction = _Prediction(nn.Embedding(dims.vocab_size + 1, p, padding_idx=dims.blank_id),
+                                      nn.LSTM(p, p, dims.pred_rnn_layers))
 
     def initial_state(self, batch: int, device: torch.device, dtype: torch.dtype) -> PredictorState:
         lstm = self.prediction.dec_rnn.lstm
@@ -33,15 +46,19 @@ class Predictor(nn.Module):
     def forward(self, labels: Tensor, state: PredictorState) -> tuple[Tensor, PredictorState]:
         """labels: (B,) int64; state: (h, c) each (L, B, P). Returns (B, P) and the new state."""
         emb = self.prediction.embed(labels).unsqueeze(0)  # (1, B, P) time-major
+        out: Tensor
         out, (h, c) = self.prediction.dec_rnn.lstm(emb, state)
         return out[0], (h, c)
 
     def teacher_forced(self, labels: Tensor) -> Tensor:
         """labels: (B, U). Returns (B, U+1, P): output after blank, then after each label."""
         b = labels.shape[0]
-        blank = torch.full((b, 1), self.prediction.embed.padding_idx, dtype=labels.dtype, device=labels.device)
+        pad = self.prediction.embed.padding_idx
+        assert pad is not None
+        blank = torch.full((b, 1), pad, dtype=labels.dtype, device=labels.device)
         emb = self.prediction.embed(torch.cat([blank, labels], 1)).transpose(0, 1)
         w = self.prediction.embed.weight
+        out: Tensor
         out, _ = self.prediction.dec_rnn.lstm(emb, self.initial_state(b, w.device, w.dtype))
         return out.transpose(0, 1)
 

@@ -48,8 +48,8 @@ class CausalSubsampling(nn.Module):
             lengths == T), so the row masks, all ones, are skipped.
         Returns: (B, T', d_model) and (B,) output lengths."""
         x = mel.transpose(1, 2).unsqueeze(1)  # (B, 1, T, F)
-        for i, layer in enumerate(self.conv):
-            if i in (0, 2, 5):
+        for layer in self.conv:
+            if isinstance(layer, nn.Conv2d) and layer.stride == (2, 2):  # 0, 2, 5
                 if not full:
                     x = x * _row_mask(x, lengths, start)
                 lengths = stage_length(lengths)

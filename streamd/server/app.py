@@ -115,14 +115,14 @@ class App:
     async def handler(self, ws: ServerConnection) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self.state.live.add(task)  # type: ignore[arg-type]
+        self.state.live.add(task)
         self.connections.add(ws)
         self.state.metrics.connections.inc()
         self.state.metrics.streams_active.inc()
         try:
             await Connection(ws, self.state).run()
         finally:
-            self.state.live.discard(task)  # type: ignore[arg-type]
+            self.state.live.discard(task)
             self.connections.discard(ws)
             self.state.metrics.streams_active.dec()
 

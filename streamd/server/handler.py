@@ -102,6 +102,7 @@ class Connection:
             return "shutdown"
         if isinstance(first, bytes):
             self.proto.receive_audio()  # raises: audio before start
+        assert isinstance(first, str)
         msg = self.proto.receive_text(first)
         assert isinstance(msg, p.Start)
         self.start = msg
