@@ -90,13 +90,15 @@ class Recognizer:
     def state_tensors(self) -> tuple[EncoderCache, DecoderState]:
         """The slot state on the model's current device and dtype (moved here if it is not)."""
         device, dtype = self.model.device, self.model.dtype
+        staged, self._staged = self._staged, None  # used now or never: it must not pin memory
+        if staged is not None and (staged.channel.device != device or staged.channel.dtype != dtype
+                                   or staged.channel.shape[1] != self.capacity):
+            staged = None
         if self._cache is None or self._dec is None:
-            self._cache = self.model.encoder.init_cache(self.capacity, device, dtype)
+            self._cache = staged if staged is not None else self.model.encoder.init_cache(self.capacity, device, dtype)
             self._dec = self.decoder.initial_state(self.capacity)
         elif self._cache.channel.device != device or self._cache.channel.dtype != dtype:
-            staged, self._staged = self._staged, None
-            if (staged is not None and staged.channel.device == device and staged.channel.dtype == dtype
-                    and staged.channel.shape == self._cache.channel.shape):
+            if staged is not None:
                 staged.copy_(self._cache)
                 self._cache = staged
             else:
