@@ -5,8 +5,8 @@ model (random weights) while the admin API moves it, e.g. cpu -> cuda:0 -> bf16 
 The clients run in `--client-procs` processes of their own. Reports per move: the engine
 pause (swap + state conversion, from the admin report; the probe step and the allocation of the
 target's buffers happen before it), the serving gap (last step completed before the move -> first step completed after,
-as clients see it), the first post-move step (decoder re-capture happens there) against the
-median step, peak GPU memory during the move, and streams dropped. Then a plain `model.to()`
+as clients see it), the first post-move step and the decoder's graph re-capture inside it,
+against the median step, peak GPU memory during the move, and streams dropped. Then a plain `model.to()`
 between steps (no admin path) and checks that results keep coming. Prints a table, writes JSON.
 
     python scripts/bench_migration.py --streams 256 --moves cuda:0/fp32,cuda:0/bf16,cuda:0/fp32,cpu/fp32
@@ -162,6 +162,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         report = await app.control.migrate(device, dtype)
         t_done = time.monotonic()
         await asyncio.sleep(args.settle)
+        decoder = state.engine.recognizer.decoder  # the target's, re-captured on its first chunk
+        recapture_ms = round(getattr(decoder, "last_capture_ms", 0.0), 1) if getattr(decoder, "rebuilds", 0) else None
         last_before = max((t for t, _ in steps if t <= t_done), default=t_call)
         after = [(t, s) for t, s in steps if t > t_done]
         first_after = after[0] if after else (float("nan"), float("nan"))
@@ -171,6 +173,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "pause_ms": round(report.pause_ms, 1),
             "serving_gap_ms": round((first_after[0] - last_before) * 1000, 1),
             "first_step_after_ms": round(first_after[1] * 1000, 1), "median_step_ms": round(median * 1000, 1),
+            "recapture_ms": recapture_ms,  # part of the first step after; None: eager decoder (CPU)
             "peak_gpu_mem_gb": {f"cuda:{d}": round(torch.cuda.max_memory_allocated(d) / 2**30, 2)
                                 for d in range(torch.cuda.device_count())} if torch.cuda.is_available() else {},
             "streams_live": report.streams,
@@ -213,10 +216,10 @@ def main() -> None:
     ap.add_argument("--out", default="bench_migration.json")
     args = ap.parse_args()
     result = asyncio.run(run(args))
-    print(f"{'move':<16}{'ok':<4}{'pause ms':>10}{'gap ms':>10}{'1st step':>10}{'median':>9}  peak GPU GB")
+    print(f"{'move':<16}{'ok':<4}{'pause ms':>10}{'gap ms':>10}{'1st step':>10}{'capture':>9}{'median':>9}  peak GPU GB")
     for m in result["moves"]:
         print(f"{m['move']:<16}{'y' if m['ok'] else 'n':<4}{m['pause_ms']:>10}{m['serving_gap_ms']:>10}"
-              f"{m['first_step_after_ms']:>10}{m['median_step_ms']:>9}  {m['peak_gpu_mem_gb']}")
+              f"{m['first_step_after_ms']:>10}{str(m['recapture_ms']):>9}{m['median_step_ms']:>9}  {m['peak_gpu_mem_gb']}")
     print(f"streams dropped: {result['streams_dropped']} of {result['streams']}; result lag (s) {result['result_lag_s_all_phases']}; "
           f"machine {result['machine']}")
     Path(args.out).write_text(json.dumps(result, indent=2))
