@@ -13,16 +13,12 @@ import difflib
 import math
 import os
 import re
-import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised only on Python 3.10
-    import tomli as tomllib
+import tomllib
 
 from streamd.errors import ConfigError
 

@@ -78,10 +78,12 @@ class Connection:
         self.samples_in = 0  # 16 kHz samples handed to the engine
         self.started = time.monotonic()
         self.start: p.Start | None = None
+        self._waiting: asyncio.Timeout | None = None  # the deadline of a receive shutdown may cut
 
     async def run(self) -> None:
         log.info("connect %s from %s", self.id, self.ws.remote_address)
         reason = "error"
+        watcher = asyncio.create_task(self._watch_shutdown())
         try:
             reason = await self._serve()
         except StreamdError as e:
@@ -92,7 +94,14 @@ class Connection:
             log.exception("connection %s failed", self.id)
             await self._fail(InternalError(f"internal error: {type(e).__name__}"))
         finally:
+            watcher.cancel()
             log.info("disconnect %s (%s) after %.1f s of audio", self.id, reason, self.samples_in / 16000)
+
+    async def _watch_shutdown(self) -> None:
+        """On shutdown, end the receive that is waiting now (it returns None)."""
+        await self.state.shutdown.wait()
+        if self._waiting is not None:
+            self._waiting.reschedule(asyncio.get_running_loop().time())
 
     async def _serve(self) -> str:
         cfg = self.state.config.server
@@ -186,29 +195,28 @@ class Connection:
     async def _recv(self, timeout: float, allow_shutdown: bool = False) -> str | bytes | None:
         """The next client message; None once the server shuts down (with `allow_shutdown`).
 
+        One timer per message and no extra task: this runs for every audio frame.
+
         Raises:
             IdleTimeout: nothing arrived for `timeout` seconds.
             SessionExpired: the session reached `max_session_s` first.
         """
         max_session_s = self.state.config.server.max_session_s
         left = max_session_s - (time.monotonic() - self.started)
-        recv = asyncio.ensure_future(self.ws.recv())
-        waits: set[asyncio.Future[object]] = {recv}  # type: ignore[arg-type]
-        stop = asyncio.ensure_future(self.state.shutdown.wait()) if allow_shutdown else None
-        if stop is not None:
-            waits.add(stop)  # type: ignore[arg-type]
-        done, _ = await asyncio.wait(waits, timeout=max(0.0, min(timeout, left)),
-                                     return_when=asyncio.FIRST_COMPLETED)
-        if stop is not None and not stop.done():
-            stop.cancel()
-        if recv in done:
-            return recv.result()
-        recv.cancel()
-        if stop is not None and stop in done:
+        if allow_shutdown and self.state.shutdown.is_set():
             return None
-        if left <= timeout:
-            raise SessionExpired(f"session longer than max_session_s={max_session_s:g}")
-        raise IdleTimeout(f"no message for {timeout:g} s")
+        try:
+            async with asyncio.timeout(max(0.0, min(timeout, left))) as deadline:
+                self._waiting = deadline if allow_shutdown else None
+                return await self.ws.recv()
+        except TimeoutError:
+            if allow_shutdown and self.state.shutdown.is_set():
+                return None
+            if left <= timeout:
+                raise SessionExpired(f"session longer than max_session_s={max_session_s:g}") from None
+            raise IdleTimeout(f"no message for {timeout:g} s") from None
+        finally:
+            self._waiting = None
 
     async def _sender(self, rules: object) -> None:
         index = 0
