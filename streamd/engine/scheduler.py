@@ -162,9 +162,14 @@ class Engine:
             return
         if self._on_step is not None:
             self._on_step(time.perf_counter() - t0, len(batch))
+        out: list[tuple[EngineSession, ChunkResult | StreamFailed | None]] = []
         for s, r in zip(batch, results):
-            self._deliver(s, r)
-            self._finish_if_done(s)
+            out.append((s, r))
+            if s.stream is not None and s.stream.finished:
+                out.append((s, None))
+                self._release(s)
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(_put_all, out)  # one wake-up of the event loop per step
 
     def _finish_if_done(self, session: EngineSession) -> None:
         if session.stream is not None and session.stream.finished:
@@ -181,3 +186,9 @@ class Engine:
     def _deliver(self, session: EngineSession, item: ChunkResult | StreamFailed | None) -> None:
         assert self._loop is not None
         self._loop.call_soon_threadsafe(session.results.put_nowait, item)
+
+
+def _put_all(items: list[tuple[EngineSession, ChunkResult | StreamFailed | None]]) -> None:
+    """On the event loop: hand a step's results to their sessions, in order."""
+    for session, item in items:
+        session.results.put_nowait(item)
