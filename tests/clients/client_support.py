@@ -38,6 +38,10 @@ class PushRecorder:
 
         self.engine.push = push  # type: ignore[method-assign]
 
+    def samples(self) -> int:
+        """Samples received so far."""
+        return sum(len(c) for c in self.chunks)
+
     def stop(self) -> np.ndarray:
         """Stop recording (later streams are not recorded); return what was received."""
         del self.engine.push  # the class's method again

@@ -65,8 +65,14 @@ def test_page_transcribes_the_microphone(tmp_path: Path, scheme: str) -> None:
                 await page.goto(page_url)
                 assert await page.evaluate("document.body.dataset.state") == "idle"
                 await page.evaluate("document.getElementById('toggle').click()", user_gesture=True)
-                # the fake microphone loops the WAV: wait for two finals
+                # the fake microphone loops the WAV: wait for two finals, and for two loops of
+                # audio, so that one whole copy lies in what the daemon received
                 await page.wait_for("document.querySelectorAll('#finals li').length >= 2", timeout=90)
+                loop = len(speech(pad_s=1.0))
+                for _ in range(300):
+                    if received.samples() >= 2 * loop:
+                        break
+                    await asyncio.sleep(0.1)
                 await page.screenshot(shot)
                 assert await page.evaluate("document.body.dataset.endpoint") == \
                     f"{'wss' if tls else 'ws'}://{page_url.split('/')[2]}/v1/stream"
