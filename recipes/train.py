@@ -62,7 +62,7 @@ from recipes.state import (
     unpack_optimizer,
     write_file_bytes,
 )
-from recipes.synthetic.augment import AugmentConfig, augment
+from recipes.synthetic.augment import AugmentConfig, augment, valid_mask
 from recipes.wer import wer
 from streamd.decoding.tokenizer import Tokenizer
 from streamd.model.checkpoint import load_model, save_streamd
@@ -174,7 +174,7 @@ def pick_context(model: Transducer, seed: int, step: int) -> tuple[int, int]:
 
 def compute_losses(model: Transducer, batch: Batch, context: tuple[int, int], gen: torch.Generator,
                    use_augment: bool = True, use_specaug: bool = True, bf16: bool = False,
-                   ctc_weight: float = 0.3, dither: float = 1e-5) -> tuple[Tensor, Tensor, Tensor]:
+                   ctc_weight: float = 0.5, dither: float = 1e-5) -> tuple[Tensor, Tensor, Tensor]:
     """(loss, rnnt, ctc) of a batch already on the model's device; rnnt and ctc are batch means."""
     dev = model.device
     wav = batch.audio.float() / 32768.0
@@ -183,7 +183,7 @@ def compute_losses(model: Transducer, batch: Batch, context: tuple[int, int], ge
         wav, lengths = augment(wav, lengths, gen, AugmentConfig())
     if dither > 0:  # NeMo's training-time dither: no exactly silent (constant log-floor) frames
         noise = torch.randn(wav.shape, generator=gen, device=wav.device) * dither
-        wav = wav + noise * (torch.arange(wav.shape[1], device=wav.device)[None] < lengths[:, None])
+        wav = wav + noise * valid_mask(lengths, wav.shape[1])
     mel, mel_len = model.preprocessor(wav, lengths)
     if use_specaug:
         mel = spec_augment(mel, mel_len, gen)
@@ -287,6 +287,7 @@ def main(argv: list[str] | None = None) -> Progress:
         f"dev subset: {len(dev_utts)}")
 
     blob = None
+    model: Transducer | None = None  # built here only when it starts from a model file
     if args.resume:
         sha = read_summary(args.resume.parent).get("files", {}).get(args.resume.name)
         blob = load_object(args.resume, sha)
@@ -298,7 +299,7 @@ def main(argv: list[str] | None = None) -> Progress:
         log(f"resuming from {args.resume} (step {blob['progress']['step']}); model dims and tokenizer from it")
     elif args.init_from:
         init = load_model(args.init_from)
-        tokenizer, dims = init.tokenizer, init.model.dims
+        model, tokenizer, dims = init.model, init.tokenizer, init.model.dims
         args.tokenizer.parent.mkdir(parents=True, exist_ok=True)
         args.tokenizer.write_bytes(tokenizer.model_proto)
         log(f"starting from the weights of {args.init_from} ({init.name}); fresh optimizer")
@@ -311,11 +312,7 @@ def main(argv: list[str] | None = None) -> Progress:
             log(f"trained a BPE tokenizer: {tokenizer.vocab_size} pieces -> {args.tokenizer}")
         dims = build_dims(args.size, tokenizer.vocab_size)
 
-    model = Transducer(dims)
-    if blob is None and args.init_from:
-        model.load_state_dict(init.model.state_dict())
-        del init
-    model = model.to(device)
+    model = (model if model is not None else Transducer(dims)).to(device)
     opt = make_optimizer(model, args.lr, args.weight_decay)
     progress = restore(blob, model, opt) if blob is not None else Progress()
     progress.calls += 1

@@ -50,6 +50,7 @@ class Engine:
         self._cond = threading.Condition()
         self._inbox: deque[tuple[str, EngineSession | None, Any]] = deque()
         self._live: list[EngineSession] = []
+        self._outbox: list[tuple[EngineSession, ChunkResult | StreamFailed | None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -123,6 +124,7 @@ class Engine:
             self._inbox.clear()
         for kind, session, payload in items:
             self._apply(kind, session, payload)
+        self._flush()
 
     def _apply(self, kind: str, session: EngineSession | None, payload: Any) -> None:
         if kind == "stop":
@@ -159,17 +161,14 @@ class Engine:
             for s in batch:
                 self._deliver(s, StreamFailed(f"engine step failed: {e}"))
                 self._release(s)
+            self._flush()
             return
         if self._on_step is not None:
             self._on_step(time.perf_counter() - t0, len(batch))
-        out: list[tuple[EngineSession, ChunkResult | StreamFailed | None]] = []
         for s, r in zip(batch, results):
-            out.append((s, r))
-            if s.stream is not None and s.stream.finished:
-                out.append((s, None))
-                self._release(s)
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(_put_all, out)  # one wake-up of the event loop per step
+            self._deliver(s, r)
+            self._finish_if_done(s)
+        self._flush()
 
     def _finish_if_done(self, session: EngineSession) -> None:
         if session.stream is not None and session.stream.finished:
@@ -184,8 +183,15 @@ class Engine:
             self._live.remove(session)
 
     def _deliver(self, session: EngineSession, item: ChunkResult | StreamFailed | None) -> None:
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(session.results.put_nowait, item)
+        """Queue `item` for the session; `_flush` hands everything queued over at once."""
+        self._outbox.append((session, item))
+
+    def _flush(self) -> None:
+        """One wake-up of the event loop for all that was delivered since the last flush."""
+        if self._outbox:
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(_put_all, self._outbox)
+            self._outbox = []
 
 
 def _put_all(items: list[tuple[EngineSession, ChunkResult | StreamFailed | None]]) -> None:

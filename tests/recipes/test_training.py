@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from recipes import evaluate, state, train
-from recipes.data import DurationBatchSampler, SpeechDataset, collate, read_manifest
+from recipes import evaluate, ship, state, train
+from recipes.data import Batch, DurationBatchSampler, SpeechDataset, collate, read_manifest
 from recipes.model_setup import (
     MAX_CHECKPOINT_BYTES,
     build_dims,
@@ -167,12 +167,16 @@ def test_default_preset_checkpoint_is_under_25_mb(tmp_path: Path) -> None:
     assert (tmp_path / "m.pt").stat().st_size <= MAX_CHECKPOINT_BYTES
 
 
-def test_tiny_training_steps_reduce_the_loss(corpus: Path, tmp_path: Path) -> None:
+def tiny_model_and_batch(corpus: Path, tmp_path: Path) -> tuple[Transducer, Batch]:
+    """A fresh tiny model and the whole corpus as one batch."""
     utts = read_manifest(corpus)
     tok = train_tokenizer([u.text for u in utts], tmp_path / "tok.model", 64)
-    model = Transducer(build_dims("tiny", tok.vocab_size))
     ds = SpeechDataset(utts, [tok.encode(u.text) for u in utts])
-    batch = collate([ds[(i, 0, 0)] for i in range(len(utts))])
+    return Transducer(build_dims("tiny", tok.vocab_size)), collate([ds[(i, 0, 0)] for i in range(len(utts))])
+
+
+def test_tiny_training_steps_reduce_the_loss(corpus: Path, tmp_path: Path) -> None:
+    model, batch = tiny_model_and_batch(corpus, tmp_path)
     opt = train.make_optimizer(model, 3e-3, 0.0)
     losses = []
     for step in range(30):
@@ -188,11 +192,7 @@ def test_tiny_training_steps_reduce_the_loss(corpus: Path, tmp_path: Path) -> No
 
 
 def test_augmented_step_runs_on_every_context(corpus: Path, tmp_path: Path) -> None:
-    utts = read_manifest(corpus)
-    tok = train_tokenizer([u.text for u in utts], tmp_path / "tok.model", 64)
-    model = Transducer(build_dims("tiny", tok.vocab_size))
-    ds = SpeechDataset(utts, [tok.encode(u.text) for u in utts])
-    batch = collate([ds[(i, 0, 0)] for i in range(len(utts))])
+    model, batch = tiny_model_and_batch(corpus, tmp_path)
     for step, ctx in enumerate(model.dims.att_context_sizes):
         loss, _, _ = train.compute_losses(model, batch, ctx, train.step_generator(0, step, torch.device("cpu")))
         assert torch.isfinite(loss)
@@ -307,3 +307,18 @@ def test_streaming_tokens_equal_offline_tokens_on_a_random_model() -> None:
         streamed = evaluate.stream_transcribe(model, audios, r, batch=3)
         offline = evaluate.offline_transcribe(model, audios, batch=3, context=(70, r))
         assert streamed == offline and all(streamed)
+
+
+def test_ship_stores_fp16_weights_that_load_as_the_same_model(corpus: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    train.main(tiny_args(corpus, out, "--max-steps", "2"))
+    shipped = tmp_path / "assets" / "default-model.pt"
+    ship.main([str(out / "default-model.pt"), "--out", str(shipped), "--name", "shipped-test"])
+    src, got = load_model(out / "default-model.pt"), load_model(shipped)
+    assert got.name == "shipped-test" and got.tokenizer.model_proto == src.tokenizer.model_proto
+    assert shipped.stat().st_size < 0.7 * (out / "default-model.pt").stat().st_size
+    stored = torch.load(shipped, weights_only=True)["state_dict"]
+    for k, v in src.model.state_dict().items():
+        if v.is_floating_point():
+            assert stored[k].dtype == torch.float16
+            assert torch.equal(got.model.state_dict()[k], v.half().float())  # loaded back as fp32
