@@ -3,11 +3,26 @@
 Every error a client can see has a stable ``code`` (sent in the protocol's
 ``error`` message) and, where the error ends a websocket session, the
 ``close_code`` the server closes with. The handler maps exceptions to close
-frames; this module holds no handling logic.
+frames; this module holds no handling logic (only `echo`, which quotes client values).
 """
 from __future__ import annotations
 
-from typing import ClassVar
+import json
+from typing import Any, ClassVar
+
+MAX_ECHO_CHARS = 64
+
+
+def echo(value: Any) -> str:
+    """A client-supplied value as JSON for an error message, cut to `MAX_ECHO_CHARS` characters,
+    so that no client can make the daemon log (or send back) megabytes."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        text = "<unprintable>"
+    if len(text) > MAX_ECHO_CHARS:
+        return f"{text[:MAX_ECHO_CHARS]}... ({len(text)} characters)"
+    return text
 
 
 class StreamdError(Exception):

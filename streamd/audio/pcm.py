@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 import soxr
 
-from streamd.errors import UnsupportedAudio
+from streamd.errors import UnsupportedAudio, echo
 
 
 MODEL_RATE = 16_000
@@ -34,12 +34,12 @@ Samples = npt.NDArray[np.float32]
 def check_format(sample_rate: int, encoding: str, channels: int) -> None:
     """Raise UnsupportedAudio unless the stream format is one streamd accepts."""
     if encoding not in ENCODINGS:
-        raise UnsupportedAudio(f"unsupported encoding {encoding!r}; use one of {', '.join(ENCODINGS)}")
+        raise UnsupportedAudio(f"unsupported encoding {echo(encoding)}; use one of {', '.join(ENCODINGS)}")
     if not MIN_SAMPLE_RATE <= sample_rate <= MAX_SAMPLE_RATE:
         raise UnsupportedAudio(
-            f"unsupported sample_rate {sample_rate}; use {MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE} Hz")
+            f"unsupported sample_rate {echo(sample_rate)}; use {MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE} Hz")
     if not 1 <= channels <= MAX_CHANNELS:
-        raise UnsupportedAudio(f"unsupported channels {channels}; use 1..{MAX_CHANNELS}")
+        raise UnsupportedAudio(f"unsupported channels {echo(channels)}; use 1..{MAX_CHANNELS}")
 
 
 class PcmDecoder:

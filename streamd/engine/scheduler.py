@@ -112,7 +112,8 @@ class Engine:
             while len(ready) < target and (left := deadline - time.monotonic()) > 0:
                 self._drain(block=True, timeout=left)
                 ready = self._ready()
-            self._step(ready[: self.max_batch])
+            if ready:  # every ready stream may have closed while the batch filled
+                self._step(ready[: self.max_batch])
         for s in list(self._live):
             self._release(s)
 

@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Literal, TypeVar, Union, cast
 
 from streamd.audio.pcm import Encoding, check_format
 from streamd.config import MAX_ENDPOINT_MS, EndpointingConfig
-from streamd.errors import ProtocolViolation, StreamdError
+from streamd.errors import ProtocolViolation, StreamdError, echo
 
 
 PROTOCOL_VERSION = "1"
@@ -169,6 +169,8 @@ ServerMessage = Union[Ready, Partial, Final, Error, Summary]
 # -- parsing client messages --------------------------------------------------------------------
 
 _T = TypeVar("_T")
+
+
 _KIND_NAMES: dict[type, str] = {int: "an integer", str: "a string", bool: "true or false"}
 _ENDPOINT_KEYS = tuple(f.name for f in dataclasses.fields(EndpointingConfig))
 _START_KEYS = ("sample_rate", "encoding", "channels", "interim_results", "word_times", "endpointing")
@@ -182,14 +184,14 @@ def _field(data: Mapping[str, Any], key: str, kind: type[_T], default: _T | None
     value = data[key]
     # bool is an int subclass: reject true/false where a number is expected.
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ProtocolViolation(f'"{key}" must be {_KIND_NAMES[kind]}, got {json.dumps(value)}')
+        raise ProtocolViolation(f'"{key}" must be {_KIND_NAMES[kind]}, got {echo(value)}')
     return value
 
 
 def _check_keys(data: Mapping[str, Any], allowed: tuple[str, ...], where: str) -> None:
     unknown = sorted(set(data) - set(allowed) - {"type"})
     if unknown:
-        raise ProtocolViolation(f"unknown field {unknown[0]!r} in {where}; allowed: {', '.join(allowed)}")
+        raise ProtocolViolation(f"unknown field {echo(unknown[0])} in {where}; allowed: {', '.join(allowed)}")
 
 
 def _parse_endpointing(value: Any) -> EndpointingOptions:
@@ -251,13 +253,17 @@ def parse_client_message(text: str) -> ClientMessage:
         data = json.loads(text)
     except json.JSONDecodeError as err:
         raise ProtocolViolation(f"message is not valid JSON: {err.msg} at position {err.pos}") from None
+    except RecursionError:
+        raise ProtocolViolation("message is not acceptable JSON: nested too deeply") from None
+    except ValueError:  # an integer literal longer than Python converts (4300 digits)
+        raise ProtocolViolation("message is not acceptable JSON: a number is too long") from None
     if not isinstance(data, dict):
         raise ProtocolViolation("message must be a JSON object")
     kind = data.get("type")
     parser = _CLIENT_PARSERS.get(kind) if isinstance(kind, str) else None
     if parser is None:
         raise ProtocolViolation(
-            f"unknown message type {json.dumps(kind)}; expected one of {', '.join(_CLIENT_PARSERS)}")
+            f"unknown message type {echo(kind)}; expected one of {', '.join(_CLIENT_PARSERS)}")
     return parser(data)
 
 

@@ -136,7 +136,7 @@ def test_flush_ends_the_stream() -> None:
 @pytest.mark.parametrize(("rate", "encoding", "channels", "message"), [
     (7999, "s16le", 1, "unsupported sample_rate 7999; use 8000..48000 Hz"),
     (48001, "s16le", 1, "unsupported sample_rate 48001"),
-    (16000, "mulaw", 1, "unsupported encoding 'mulaw'; use one of s16le, f32le"),
+    (16000, "mulaw", 1, 'unsupported encoding "mulaw"; use one of s16le, f32le'),
     (16000, "s16le", 0, "unsupported channels 0; use 1..8"),
     (16000, "f32le", 9, "unsupported channels 9"),
 ])

@@ -206,12 +206,16 @@ PROTOCOL_VIOLATIONS: dict[str, tuple[list[str | bytes], str, bool]] = {
     "not_an_object": ([start(), AUDIO, "[1, 2]"], "must be a JSON object", True),
     "unknown_type": ([start(), AUDIO, '{"type": "pause"}'], 'unknown message type "pause"', True),
     "missing_type": ([start(), '{"sample_rate": 16000}'], "unknown message type null", True),
-    "unknown_field_in_start": ([start(sample_rte=16000)], "unknown field 'sample_rte'", False),
-    "unknown_field_in_control": ([start(), AUDIO, '{"type": "keepalive", "now": 1}'], "unknown field 'now'", True),
+    "unknown_field_in_start": ([start(sample_rte=16000)], 'unknown field "sample_rte"', False),
+    "unknown_field_in_control": ([start(), AUDIO, '{"type": "keepalive", "now": 1}'], 'unknown field "now"', True),
     "wrong_field_type": ([start(sample_rate="16000")], '"sample_rate" must be an integer', False),
     "audio_before_start": ([AUDIO, start()], 'audio before "start"', False),
     "control_before_start": ([KEEPALIVE], 'the first message must be "start"', False),
     "second_start": ([start(), AUDIO, start()], '"start" was already sent', True),
+    "nested_1000_deep": ([start(), AUDIO, "[" * 1000 + "]" * 1000], "nested too deeply", True),
+    "integer_of_5000_digits": (['{"type": "start", "sample_rate": ' + "9" * 5000 + "}"], "a number is too long", False),
+    "megabyte_type": ([start(), AUDIO, json.dumps({"type": "x" * (1 << 19)})],
+                      '"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx', True),
 }
 
 
@@ -222,6 +226,7 @@ def test_protocol_violation_closes_1008(case: str) -> None:
     assert out.error["code"] == "protocol_violation"
     assert words in out.error["message"]
     assert out.close_code == 1008 and out.close_reason == out.error["message"]
+    assert len(out.error["message"]) < 300  # a client value is echoed cut short
     assert (out.messages[0]["type"] == "ready") is ready
     assert not out.of("summary")
 
@@ -240,7 +245,7 @@ UNSUPPORTED_FORMATS: dict[str, tuple[str, str]] = {
     "7_khz": (start(sample_rate=7000), "sample_rate 7000"),
     "96_khz": (start(sample_rate=96000), "sample_rate 96000"),
     "48001_hz": (start(sample_rate=48001), "sample_rate 48001"),
-    "mulaw": (start(encoding="mulaw"), "encoding 'mulaw'"),
+    "mulaw": (start(encoding="mulaw"), 'encoding "mulaw"'),
     "9_channels": (start(channels=9), "channels 9"),
 }
 

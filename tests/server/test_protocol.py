@@ -84,8 +84,8 @@ def test_controls(text: str, cls: type) -> None:
     ('{"sample_rate": 16000}', r'unknown message type null; expected one of start, finalize'),
     ('{"type": "Start"}', r'unknown message type "Start"'),
     ('{"type": 3}', "unknown message type 3"),
-    ('{"type": "stop", "now": true}', r"unknown field 'now' in \"stop\"; allowed: $"),
-    (start(sample_rte=8000), r"unknown field 'sample_rte' in \"start\""),
+    ('{"type": "stop", "now": true}', r"unknown field \"now\" in \"stop\"; allowed: $"),
+    (start(sample_rte=8000), r"unknown field \"sample_rte\" in \"start\""),
     ('{"type":"start","encoding":"s16le"}', r'"start" needs "sample_rate"'),
     ('{"type":"start","sample_rate":16000}', r'"start" needs "encoding"'),
     (start(sample_rate="16000"), r'"sample_rate" must be an integer, got "16000"'),
@@ -96,7 +96,7 @@ def test_controls(text: str, cls: type) -> None:
     (start(word_times=1), r'"word_times" must be true or false, got 1'),
     (start(endpointing=5), r'"endpointing" must be an object, true or false'),
     (start(endpointing=None), r'"endpointing" must be an object, true or false'),
-    (start(endpointing={"silence_ms": 5}), r"unknown field 'silence_ms' in \"endpointing\""),
+    (start(endpointing={"silence_ms": 5}), r"unknown field \"silence_ms\" in \"endpointing\""),
     (start(endpointing={"max_utterance_ms": -1}), r'"max_utterance_ms" must be in 0\.\.3600000 ms'),
     (start(endpointing={"max_utterance_ms": 1.5}), r'"max_utterance_ms" must be an integer'),
 ])
@@ -255,3 +255,18 @@ def test_close_codes() -> None:
         "SessionExpired": 1008, "Overloaded": 1013,
         "ModelUnavailable": 1011, "InternalError": 1011, "MigrationError": None,
     }
+
+
+@pytest.mark.parametrize(("text", "pattern"), [
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ('{"type": "start", "sample_rate": ' + "9" * 5000 + "}", "a number is too long"),
+    (json.dumps({"type": "t" * 1_000_000}), r'unknown message type "t{63}\.\.\. \(1000002 characters\)'),
+    (json.dumps({"type": "stop", "k" * 1_000_000: 1}), r'unknown field "k{63}\.\.\. \(1000002 characters\)'),
+    (start(sample_rate="s" * 1_000_000), r'got "s{63}\.\.\. \(1000002 characters\)$'),
+    (start(encoding="e" * 1_000_000), r'encoding "e{63}\.\.\. \(1000002 characters\)'),
+])
+def test_hostile_json_is_a_short_protocol_violation(text: str, pattern: str) -> None:
+    """Deep nesting and huge numbers are client faults, and what is echoed back is cut short."""
+    with pytest.raises((ProtocolViolation, UnsupportedAudio), match=pattern) as info:
+        parse_client_message(text)
+    assert len(info.value.message) < 200

@@ -1,0 +1,48 @@
+"""The engine thread on its own: batching, and streams that close while a batch fills."""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import numpy as np
+import pytest
+
+from helpers import random_model
+from streamd.engine.recognizer import Recognizer
+from streamd.engine.scheduler import Engine
+from streamd.engine.stream import Stream
+
+
+def test_streams_closing_during_the_batch_wait_start_no_empty_step(caplog: pytest.LogCaptureFixture) -> None:
+    """A ready stream that closes while the engine waits for a second one to fill the batch leaves
+    nothing to step: no step runs, and nothing is logged as a failed step."""
+    rec = Recognizer(random_model(), capacity=4)
+    batches: list[int] = []
+    real_step = rec.step
+
+    def step(streams: list[Stream]) -> object:
+        batches.append(len(streams))
+        return real_step(streams)
+
+    rec.step = step  # type: ignore[method-assign]
+
+    async def main() -> None:
+        engine = Engine(rec, max_batch=4, batch_wait_s=0.5)
+        engine.start()
+        try:
+            ready, idle = await engine.open(), await engine.open()
+            engine.push(ready, np.zeros(16000 * 3, dtype=np.float32))  # a full chunk: the batch waits for `idle`
+            await asyncio.sleep(0.1)
+            engine.close(ready)
+            await asyncio.sleep(0.8)  # past the batch wait
+            engine.push(idle, np.zeros(16000 * 3, dtype=np.float32))
+            engine.end(idle)
+            while await idle.results.get() is not None:
+                pass
+        finally:
+            await engine.stop()
+
+    with caplog.at_level(logging.ERROR, logger="streamd.engine"):
+        asyncio.run(main())
+    assert batches and 0 not in batches
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
