@@ -32,6 +32,7 @@ _DTYPE_ALIASES = {"fp32": "fp32", "float32": "fp32", "float": "fp32", "bf16": "b
 TORCH_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOG_FORMATS = ("text", "json")
+BACKLOG_POLICIES = ("pace", "close")
 _DEVICE_RE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
@@ -82,6 +83,8 @@ class ServerConfig:
     port: int = 8765
     max_streams: int = 64
     max_message_bytes: int = 1 << 20
+    max_backlog_s: float = 30.0
+    backlog_policy: str = "pace"
     idle_timeout_s: float = 30.0
     max_session_s: float = 4 * 3600.0
     drain_timeout_s: float = 30.0
@@ -94,6 +97,9 @@ class ServerConfig:
         _require(self.max_streams >= 1, "server.max_streams", "must be at least 1", self.max_streams)
         _require(self.max_message_bytes >= 1024, "server.max_message_bytes", "must be at least 1024",
                  self.max_message_bytes)
+        _require(self.max_backlog_s >= 1, "server.max_backlog_s", "must be at least 1", self.max_backlog_s)
+        _require(self.backlog_policy in BACKLOG_POLICIES, "server.backlog_policy", "must be pace or close",
+                 self.backlog_policy)
         _require(self.idle_timeout_s > 0, "server.idle_timeout_s", "must be positive", self.idle_timeout_s)
         _require(self.max_session_s > 0, "server.max_session_s", "must be positive", self.max_session_s)
         _require(self.drain_timeout_s >= 0, "server.drain_timeout_s", "must not be negative",
@@ -289,6 +295,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("server", "port", _to_int, "websocket port (0 picks a free port)"),
     Setting("server", "max_streams", _to_int, "concurrent streams before refusing"),
     Setting("server", "max_message_bytes", _to_int, "largest websocket message"),
+    Setting("server", "max_backlog_s", _to_float,
+            "seconds of a stream's audio received but not yet decoded, at most"),
+    Setting("server", "backlog_policy", _to_str,
+            "at max_backlog_s: pace (stop reading until decoding catches up) or close (backlog_exceeded)"),
     Setting("server", "idle_timeout_s", _to_float, "close a stream idle (no audio, no keepalive) this long"),
     Setting("server", "max_session_s", _to_float, "longest session"),
     Setting("server", "drain_timeout_s", _to_float, "on shutdown, how long open streams may finish"),

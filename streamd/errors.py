@@ -90,6 +90,13 @@ class SessionExpired(StreamdError):
     close_code = 1008
 
 
+class BacklogExceeded(StreamdError):
+    """The client sent more than ``max_backlog_s`` of audio ahead of decoding (policy ``close``)."""
+
+    code = "backlog_exceeded"
+    close_code = 1008
+
+
 class Overloaded(StreamdError):
     """No capacity for another stream; retry later."""
 

@@ -64,8 +64,8 @@ class LogMel(nn.Module):
     def frames(self, padded: Tensor) -> Tensor:
         """Log-mel of every full 512-sample frame of pre-emphasised, already padded audio.
 
-        The mel projection is one 2-D matmul over all rows' frames, so a frame's value does not
-        depend on how many other frames or rows share the call (what makes the incremental and
+        The mel projection is one 2-D float64 matmul over all rows' frames, so a frame's value does
+        not depend on how many other frames or rows share the call (what makes the incremental and
         batched-incremental features equal the offline ones bitwise).
 
         Args:
@@ -81,7 +81,9 @@ class LogMel(nn.Module):
         cols = power.transpose(0, 1).reshape(f, b * n)
         if b * n == 1:  # one column would take BLAS's gemv path, which rounds differently from gemm
             cols = cols.expand(f, 2)
-        mel = torch.log(torch.mm(self.featurizer.fb[0].float(), cols) + LOG_GUARD)[:, : b * n]
+        # In float64, rounded once to float32: BLAS kernels pick different blockings (and so
+        # summation orders) for different column counts on some CPUs (AMD EPYC with MKL).
+        mel = torch.log(torch.mm(self.featurizer.fb[0].double(), cols.double()).float() + LOG_GUARD)[:, : b * n]
         return mel.reshape(-1, b, n).transpose(0, 1)
 
     def forward(self, audio: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
@@ -171,6 +173,10 @@ class IncrementalLogMel:
     def flush(self) -> Tensor:
         """Emit the frames left at the end of the signal (total = samples // hop)."""
         return self._frames(self.take_segment(final=True))
+
+    def samples_for(self, frames: int) -> int:
+        """Samples needed before `frames` frames are ready (before the end of the signal)."""
+        return 0 if frames <= 0 else (frames - 1) * self._hop + self._half
 
     def frames_for(self, samples: int, final: bool) -> int:
         """Frames this extractor emits in total once `samples` samples have been pushed (and

@@ -65,7 +65,7 @@ class Stream:
     tokens: list[int] = field(default_factory=list)
     times: list[int] = field(default_factory=list)
 
-    raw: list[np.ndarray] = field(default_factory=list)  # audio not yet turned into features
+    raw: list[np.ndarray] = field(default_factory=list)  # audio not yet handed to `features`
     samples: int = 0  # samples pushed so far
     frames_taken: int = 0  # mel frames consumed by steps
 
@@ -105,12 +105,25 @@ class Stream:
         return self.ended and self.frames_left == 0
 
     def feature_segment(self) -> np.ndarray | None:
-        """Hand the queued audio to the feature extractor and return the samples of the frames
-        now computable (for `logmel_many`), or None."""
-        if self.raw:
-            self.features.feed(np.concatenate(self.raw))
-            self.raw = []
-        return self.features.take_segment(final=self.ended)
+        """Hand the queued audio the next step needs to the feature extractor and return the
+        samples of the frames now computable (for `logmel_many`), or None.
+
+        Only up to the next step's frames: a client that sends far ahead of real time must not
+        make one step (and every other stream's results) wait for features of its whole backlog."""
+        target = self.features.samples_for(self.frames_taken + self.need)
+        fed: list[np.ndarray] = []
+        missing = target - self.features.samples_seen
+        while self.raw and missing > 0:
+            piece = self.raw[0]
+            if piece.size > missing:
+                fed.append(piece[:missing])
+                self.raw[0] = piece[missing:]
+                break
+            fed.append(self.raw.pop(0))
+            missing -= piece.size
+        if fed:
+            self.features.feed(np.concatenate(fed) if len(fed) > 1 else fed[0])
+        return self.features.take_segment(final=self.ended and not self.raw)
 
     def add_frames(self, frames: np.ndarray) -> None:
         """frames: (n_mels, k) computed from this stream's last `feature_segment()`."""

@@ -32,6 +32,9 @@ from streamd.server.protocol import STREAM_PATH
 
 log = logging.getLogger("streamd.server")
 STATIC = Path(__file__).resolve().parent / "static"
+# Messages websockets buffers per connection before it stops reading the socket: with a paced
+# (backlogged) client this bounds what one connection holds to RECEIVE_QUEUE * max_message_bytes.
+RECEIVE_QUEUE = 4
 # The browser client (microphone capture over the same websocket protocol).
 STATIC_FILES = {"/": ("index.html", "text/html; charset=utf-8"),
                 "/app.js": ("app.js", "text/javascript; charset=utf-8"),
@@ -146,7 +149,8 @@ class App:
         await admin.start()
         tls = _tls_context(cfg.tls_cert, cfg.tls_key)
         async with serve(self.handler, cfg.host, cfg.port, process_request=self.process_request,
-                         max_size=cfg.max_message_bytes, compression=None, ssl=tls) as server:
+                         max_size=cfg.max_message_bytes, max_queue=RECEIVE_QUEUE, compression=None,
+                         ssl=tls) as server:
             port = _bound_port(server)
             self.ready = True
             log.info("serving %s on %s://%s:%d%s (%s, %s)", self.state.model_name, "wss" if tls else "ws",

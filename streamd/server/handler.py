@@ -26,7 +26,7 @@ from streamd.engine.recognizer import CapacityError, ChunkResult
 from streamd.engine.scheduler import Engine, EngineSession, StreamFailed
 from streamd.engine.utterances import Utterance, UtteranceTracker
 from streamd.model.transducer import Transducer
-from streamd.errors import IdleTimeout, InternalError, Overloaded, SessionExpired, StreamdError
+from streamd.errors import BacklogExceeded, IdleTimeout, InternalError, Overloaded, SessionExpired, StreamdError
 from streamd.server import protocol as p
 from streamd.server.metrics import Metrics
 
@@ -76,6 +76,8 @@ class Connection:
         self.partials = 0
         self.last_partial: tuple[int, str] = (-1, "")
         self.samples_in = 0  # 16 kHz samples handed to the engine
+        self.decoded_s = 0.0  # stream time up to which results have come back
+        self._progress = asyncio.Event()  # set whenever `decoded_s` moves
         self.started = time.monotonic()
         self.start: p.Start | None = None
         self._waiting: asyncio.Timeout | None = None  # the deadline of a receive shutdown may cut
@@ -124,7 +126,7 @@ class Connection:
                                      self.state.engine.recognizer.geometry.chunk_ms, msg.sample_rate, rules,
                                      cfg.idle_timeout_s, cfg.max_session_s))
             sender = asyncio.create_task(self._sender(rules))
-            reason, segment = await self._receive_loop(pcm, segment)
+            reason, segment = await self._receive_loop(pcm, segment, sender)
             segment.end_reason = "end_of_stream"
             self._push(segment, pcm.flush())
             self.state.engine.end(segment.session)
@@ -143,7 +145,8 @@ class Connection:
         await self.ws.close(1001 if reason == "shutdown" else 1000)
         return reason
 
-    async def _receive_loop(self, pcm: PcmDecoder, segment: Segment) -> tuple[str, Segment]:
+    async def _receive_loop(self, pcm: PcmDecoder, segment: Segment,
+                            sender: asyncio.Task[None]) -> tuple[str, Segment]:
         """Feed audio and controls until `stop` or shutdown; returns why, and the open segment."""
         cfg = self.state.config.server
         while True:
@@ -155,6 +158,8 @@ class Connection:
             if isinstance(data, bytes):
                 self.proto.receive_audio()
                 self._push(segment, pcm.feed(data))
+                if self.backlog_s > cfg.max_backlog_s and not await self._hold_backlog(sender):
+                    return "shutdown", segment
                 continue
             msg = self.proto.receive_text(data)
             if isinstance(msg, p.Stop):
@@ -174,6 +179,34 @@ class Connection:
         self.opened.append(seg)
         await self.segments.put(seg)
         return seg
+
+    @property
+    def backlog_s(self) -> float:
+        """Seconds of this stream's audio received but not yet decoded."""
+        return self.samples_in / 16000 - self.decoded_s
+
+    async def _hold_backlog(self, sender: asyncio.Task[None]) -> bool:
+        """The stream is more than `max_backlog_s` ahead of decoding. Policy `close`: raise
+        BacklogExceeded. Policy `pace`: read nothing more from this client until decoding has
+        caught up (TCP flow control then holds the client back; nothing is lost). Returns False
+        if the server began shutting down meanwhile."""
+        cfg = self.state.config.server
+        if cfg.backlog_policy == "close":
+            self.state.metrics.backlog.labels(action="closed").inc()
+            raise BacklogExceeded(f"audio more than max_backlog_s={cfg.max_backlog_s:g} s ahead of decoding")
+        self.state.metrics.backlog.labels(action="paced").inc()
+        shutdown = asyncio.ensure_future(self.state.shutdown.wait())
+        try:
+            while self.backlog_s > cfg.max_backlog_s and not sender.done() and not shutdown.done():
+                self._progress.clear()
+                progress = asyncio.ensure_future(self._progress.wait())
+                await asyncio.wait({progress, sender, shutdown}, return_when=asyncio.FIRST_COMPLETED)
+                progress.cancel()
+            if sender.done():
+                sender.result()  # raises what ended it (the engine failed this stream)
+            return not shutdown.done()
+        finally:
+            shutdown.cancel()
 
     def _push(self, segment: Segment, samples: np.ndarray) -> None:
         self.samples_in += samples.size
@@ -227,6 +260,8 @@ class Connection:
                 if isinstance(item, StreamFailed):
                     raise InternalError(str(item))
                 frame_end = item.frame_end
+                self.decoded_s = seg.offset_s + frame_end * FRAME_S
+                self._progress.set()
                 for u in tracker.on_chunk(item):
                     await self._emit(u, seg, item)
             await self._emit(tracker.close(seg.end_reason, frame_end), seg, None, frame_end)

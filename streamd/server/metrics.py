@@ -25,6 +25,7 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 REJECTION_REASONS = ("overloaded", "draining", "unauthorized", "bad_request")
 MIGRATION_RESULTS = ("ok", "failed")
 ENDPOINT_RULES = ("silence_after_speech", "silence_without_speech", "max_utterance")
+BACKLOG_ACTIONS = ("paced", "closed")
 
 _LATENCY_BUCKETS = (0.08, 0.16, 0.24, 0.32, 0.48, 0.64, 0.96, 1.28, 1.92, 2.56, 3.84, 5.12, 10.24)
 _STEP_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
@@ -71,6 +72,10 @@ class Metrics:
         self.realtime_factor = Gauge(
             "realtime_factor", "Last decode step's wall time over the audio per stream it decoded "
             "(>= 1 means falling behind).", namespace=ns, registry=r)
+        self.backlog = Counter(
+            "backlog_events", "Streams that reached max_backlog_s, by what the daemon did "
+            "(paced: stopped reading until decoding caught up; closed: backlog_exceeded).",
+            ["action"], namespace=ns, registry=r)
         self.endpoints = Counter("endpoints", "Utterances ended by an endpoint rule.", ["rule"],
                                  namespace=ns, registry=r)
         self.model_info = Info("model", "The served model and where it runs.", namespace=ns,
@@ -82,6 +87,7 @@ class Metrics:
             namespace=ns, registry=r, buckets=_PAUSE_BUCKETS)
         for counter, labels in ((self.rejections, REJECTION_REASONS),
                                 (self.endpoints, ENDPOINT_RULES),
+                                (self.backlog, BACKLOG_ACTIONS),
                                 (self.migrations, MIGRATION_RESULTS)):
             for label in labels:
                 counter.labels(label)

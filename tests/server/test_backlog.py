@@ -1,0 +1,141 @@
+"""A client that sends audio far faster than real time (issue: one flooding client stalled every
+stream for 34 s and grew the daemon by 2.5 GB). Its backlog is bounded by `max_backlog_s`: with
+policy `pace` the daemon stops reading it until decoding catches up, with `close` it is closed
+with `backlog_exceeded`. Either way a bystander's results keep coming every chunk and the
+daemon's memory stays bounded."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import websockets
+
+from daemon import config, running
+from streamd.engine.scheduler import Engine, EngineSession
+
+FLOOD_BYTES = 100 << 20
+PIECE = 256 << 10  # bytes per flood message (8 s of 16 kHz s16le)
+START = json.dumps({"type": "start", "sample_rate": 16000, "encoding": "s16le"})
+
+
+def rss_bytes() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * 4096
+
+
+async def bystander(url: str, seconds: float) -> dict[str, Any]:
+    """Real-time 100 ms pieces of noise for `seconds`, then stop; returns `ready`."""
+    rng = np.random.default_rng(0)
+    async with websockets.connect(url + "/v1/stream") as ws:
+        await ws.send(START)
+        ready = json.loads(await ws.recv())
+        reader = asyncio.create_task(_drain(ws))
+        t0 = time.monotonic()
+        for i in range(int(seconds * 10)):
+            await ws.send((rng.normal(0, 3000, 1600)).astype("<i2").tobytes())
+            await asyncio.sleep(max(0.0, t0 + (i + 1) / 10 - time.monotonic()))
+        await ws.send(json.dumps({"type": "stop"}))
+        await reader
+    return dict(ready)
+
+
+async def _drain(ws: websockets.ClientConnection) -> None:
+    async for _ in ws:
+        pass
+
+
+async def flood(url: str, stop: asyncio.Event) -> tuple[int, list[dict[str, Any]], int | None]:
+    """Send up to 100 MiB of audio as fast as the daemon reads it, until `stop`; returns bytes
+    sent, the messages received and the close code."""
+    piece = np.random.default_rng(1).normal(0, 3000, PIECE // 2).astype("<i2").tobytes()
+    sent, messages = 0, []
+    async with websockets.connect(url + "/v1/stream", max_size=None) as ws:
+        await ws.send(START)
+
+        async def read() -> None:
+            async for m in ws:
+                messages.append(json.loads(m))
+
+        reader = asyncio.create_task(read())
+        try:
+            while sent < FLOOD_BYTES and not stop.is_set():
+                send = asyncio.ensure_future(ws.send(piece))
+                await asyncio.wait({send, asyncio.ensure_future(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
+                if not send.done():  # held back by the daemon
+                    send.cancel()
+                    break
+                send.result()
+                sent += len(piece)
+        except websockets.ConnectionClosed:
+            pass
+        if not reader.done():
+            ws.transport.abort()  # the flooder vanishes mid-backlog
+        await asyncio.gather(reader, return_exceptions=True)
+        return sent, messages, ws.close_code
+
+
+def run(policy: str) -> tuple[list[float], float, int, list[dict[str, Any]], int | None, float, float]:
+    """A bystander streams 6 s in real time while a flooder starts 1 s in. Returns the gaps
+    between the bystander's engine results, its chunk length, what the flooder sent and got,
+    the daemon's RSS growth (MiB) and its backlog events for `policy`."""
+    times: dict[int, list[float]] = {}
+    deliver = Engine._deliver
+
+    def recording(self: Engine, session: EngineSession, item: Any) -> None:
+        if item is not None:
+            times.setdefault(id(session), []).append(time.monotonic())
+        deliver(self, session, item)
+
+    async def main() -> tuple[list[float], float, int, list[dict[str, Any]], int | None, float, float]:
+        cfg = config(max_backlog_s=4.0, backlog_policy=policy)
+        async with running(cfg) as (app, url):
+            base = rss_bytes()
+            peak = base
+            by = asyncio.create_task(bystander(url, 6.0))
+            while len(app.state.engine._live) < 1:
+                await asyncio.sleep(0.01)
+            by_id = id(app.state.engine._live[0])
+            await asyncio.sleep(1.0)
+            stop = asyncio.Event()
+            flooder = asyncio.create_task(flood(url, stop))
+            while not by.done():
+                peak = max(peak, rss_bytes())
+                await asyncio.sleep(0.05)
+            ready = by.result()
+            stop.set()
+            sent, messages, code = await flooder
+            t = times[by_id]
+            action = "paced" if policy == "pace" else "closed"
+            events = app.state.metrics.registry.get_sample_value("streamd_backlog_events_total", {"action": action})
+            return list(np.diff(t)), ready["chunk_ms"] / 1000, sent, messages, code, (peak - base) / 2**20, events or 0
+
+    Engine._deliver = recording  # type: ignore[method-assign]
+    try:
+        return asyncio.run(main())
+    finally:
+        Engine._deliver = deliver  # type: ignore[method-assign]
+
+
+# Documented bound (docs/protocol.md): per connection about RECEIVE_QUEUE (4) x max_message_bytes
+# of websocket buffers plus max_backlog_s of float32 audio; 4 MiB + 0.25 MiB here, 64 MiB allowed
+# for the interpreter's own noise (the unbounded daemon grew by 2.5 GB).
+RSS_BOUND_MIB = 64
+
+
+@pytest.mark.parametrize("policy", ["pace", "close"])
+def test_a_flooding_client_stalls_no_one(policy: str) -> None:
+    gaps, chunk_s, sent, messages, code, growth_mib, events = run(policy)
+    assert max(gaps) < 2 * chunk_s, f"a bystander waited {max(gaps):.2f} s for a result (chunk {chunk_s} s)"
+    assert growth_mib < RSS_BOUND_MIB
+    assert sent < FLOOD_BYTES  # the flood never got through
+    assert events >= 1
+    if policy == "close":
+        assert messages[-1]["type"] == "error" and messages[-1]["code"] == "backlog_exceeded"
+        assert "max_backlog_s=4" in messages[-1]["message"]
+        assert code == 1008
+    else:
+        assert not [m for m in messages if m["type"] == "error"]
