@@ -42,6 +42,7 @@ class MigrationReport:
     streams: int
     error: str = ""
     at: float = 0.0
+    moved: bool = True  # False: the model already was at the target, nothing was done
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)

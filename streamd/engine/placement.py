@@ -26,7 +26,10 @@ def parse_device(name: str) -> torch.device:
     """'auto' (cuda:0 if available, else cpu), 'cpu', 'cuda', 'cuda:N'. Checks the device exists."""
     if name == "auto":
         return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
+    try:
+        dev = torch.device(name)
+    except RuntimeError:  # torch's "Invalid device string"
+        raise ValueError(f"unknown device {name!r}; use cpu, cuda or cuda:N") from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"device {name!r}: CUDA is not available on this machine")
@@ -36,7 +39,9 @@ def parse_device(name: str) -> torch.device:
         return torch.device("cuda", index)
     if dev.type != "cpu":
         raise ValueError(f"device {name!r}: only cpu and cuda are supported")
-    return dev
+    if dev.index not in (None, 0):
+        raise ValueError(f"device {name!r}: there is one cpu device; use 'cpu'")
+    return torch.device("cpu")
 
 
 def move_model(model: Transducer, device: torch.device, dtype: torch.dtype) -> None:

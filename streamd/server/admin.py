@@ -9,6 +9,7 @@ The streaming port never reaches any of this.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
@@ -23,10 +24,22 @@ from typing import Any
 from streamd.config import AdminConfig
 from streamd.engine.migration import MigrationFailed, MigrationReport, cut_over, placement, prepare, stage_cache
 from streamd.engine.placement import DTYPE_NAMES, parse_device, parse_dtype
+from streamd.errors import ConfigError, echo
 from streamd.server.handler import ServerState
+from streamd.server.secrets import read_token
 
 log = logging.getLogger("streamd.admin")
 MAX_BODY = 64 * 1024
+MAX_HEAD_LINES = 64
+READ_TIMEOUT_S = 10.0  # a request not complete by then gets 408
+
+
+class BadRequest(ValueError):
+    """The request is malformed (400), or too slow (408 with `status`)."""
+
+    def __init__(self, message: str, status: HTTPStatus = HTTPStatus.BAD_REQUEST) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class Control:
@@ -59,6 +72,10 @@ class Control:
                 dev = parse_device(device) if device else rec.model.device
                 dt = parse_dtype(dtype) if dtype else rec.model.dtype
                 report.target = f"{dev} {DTYPE_NAMES[dt]}"
+                if report.target == source:
+                    report.ok, report.moved = True, False
+                    log.info("admin: migrate to %s: already there, nothing to do", source)
+                    return report
                 t0 = time.perf_counter()
                 target = await asyncio.to_thread(prepare, self.state.master, dev, dt,
                                                  rec.model.encoder.att_context, True)
@@ -89,24 +106,23 @@ class AdminServer:
         self.control, self.cfg = control, cfg
         self._servers: list[asyncio.base_events.Server] = []
         self._token: str | None = None
+        self._socket_inode: int | None = None  # our socket file: only it is removed on stop
 
     async def start(self) -> None:
         if self.cfg.socket is not None:
             path = Path(self.cfg.socket)
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
-            if path.is_socket():
-                path.unlink()
+            claim_socket_path(path)
             old = os.umask(0o177)  # the socket is created 0600: no window with looser rights
             try:
                 server = await asyncio.start_unix_server(lambda r, w: self._client(r, w, "unix"), str(path))
             finally:
                 os.umask(old)
             self._servers.append(server)
+            self._socket_inode = path.stat().st_ino
             log.info("admin socket %s", path)
         if self.cfg.port is not None and self.cfg.token_file is not None:
-            self._token = Path(self.cfg.token_file).read_text().strip()
-            if not self._token:
-                raise ValueError(f"admin token file {self.cfg.token_file} is empty")
+            self._token = read_token(Path(self.cfg.token_file), "admin token file")
             server = await asyncio.start_server(lambda r, w: self._client(r, w, "tcp"), self.cfg.host, self.cfg.port)
             self._servers.append(server)
             log.info("admin TCP %s:%d (bearer token)", self.cfg.host, self.cfg.port)
@@ -115,14 +131,20 @@ class AdminServer:
         for s in self._servers:
             s.close()
             await s.wait_closed()
-        if self.cfg.socket is not None and Path(self.cfg.socket).is_socket():
-            Path(self.cfg.socket).unlink()
+        if self.cfg.socket is not None and self._socket_inode is not None:
+            path = Path(self.cfg.socket)
+            with contextlib.suppress(FileNotFoundError):
+                if path.is_socket() and path.stat().st_ino == self._socket_inode:
+                    path.unlink()
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, transport: str) -> None:
         try:
             status, body = await self._handle(reader, writer, transport)
-        except (ValueError, asyncio.IncompleteReadError, json.JSONDecodeError) as e:
-            status, body = HTTPStatus.BAD_REQUEST, {"ok": False, "error": f"bad request: {e}"}
+        except BadRequest as e:
+            status, body = e.status, {"ok": False, "error": f"bad request: {e}"}
+        except (ConnectionError, asyncio.IncompleteReadError):  # the client went away mid-request
+            writer.close()
+            return
         data = json.dumps(body).encode()
         writer.write(f"HTTP/1.1 {status.value} {status.phrase}\r\nContent-Type: application/json\r\n"
                      f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
@@ -144,8 +166,8 @@ class AdminServer:
         if (method, path) == ("POST", "/v1/drain"):
             return HTTPStatus.OK, {"ok": True, **self.control.drain()}
         if (method, path) == ("POST", "/v1/migrate"):
-            args = json.loads(body or b"{}")
-            report = await self.control.migrate(args.get("device"), args.get("dtype"))
+            device, dtype = migrate_args(body)
+            report = await self.control.migrate(device, dtype)
             status = HTTPStatus.OK if report.ok else HTTPStatus.CONFLICT
             return status, {"ok": report.ok, "migration": report.as_dict(), **self.control.status()}
         return HTTPStatus.NOT_FOUND, {"ok": False, "error": f"no route {method} {path}"}
@@ -155,8 +177,10 @@ class AdminServer:
         if transport == "unix":
             uid = peer_uid(writer.get_extra_info("socket"))
             return f"uid {uid}" if uid in (0, os.getuid()) else None
-        token = headers.get("authorization", "").removeprefix("Bearer ").strip()
-        if self._token and token and hmac.compare_digest(token.encode(), self._token.encode()):
+        scheme, _, token = headers.get("authorization", "").strip().partition(" ")
+        token = token.strip()
+        if (self._token and scheme.lower() == "bearer" and token
+                and hmac.compare_digest(token.encode(), self._token.encode())):
             return "bearer token"
         return None
 
@@ -168,19 +192,82 @@ def peer_uid(sock: socket.socket) -> int:
 
 
 async def read_request(reader: asyncio.StreamReader) -> tuple[str, str, dict[str, str], bytes]:
-    """A minimal HTTP/1.1 request: method, path, lower-cased headers, body."""
-    line = (await asyncio.wait_for(reader.readline(), 10)).decode("latin-1").strip()
-    parts = line.split()
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-        raise ValueError(f"not an HTTP request line: {line[:80]!r}")
-    headers: dict[str, str] = {}
-    while (h := (await asyncio.wait_for(reader.readline(), 10)).decode("latin-1").strip()):
-        k, _, v = h.partition(":")
-        headers[k.strip().lower()] = v.strip()
-        if len(headers) > 64:
-            raise ValueError("too many headers")
-    n = int(headers.get("content-length", "0"))
-    if not 0 <= n <= MAX_BODY:
-        raise ValueError("body too large")
-    body = await asyncio.wait_for(reader.readexactly(n), 10) if n else b""
+    """A minimal HTTP/1.1 request: method, path, lower-cased headers, body.
+
+    Raises:
+        BadRequest: malformed (400), or not complete within READ_TIMEOUT_S (408).
+    """
+    try:
+        async with asyncio.timeout(READ_TIMEOUT_S):
+            line = (await reader.readline()).decode("latin-1").strip()
+            parts = line.split()
+            if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+                raise BadRequest(f"not an HTTP request line: {echo(line)}")
+            headers: dict[str, str] = {}
+            while (h := (await reader.readline()).decode("latin-1").strip()):
+                k, _, v = h.partition(":")
+                headers[k.strip().lower()] = v.strip()
+                if len(headers) > MAX_HEAD_LINES:
+                    raise BadRequest("too many headers")
+            length = headers.get("content-length", "0")
+            if not length.isdigit() or int(length) > MAX_BODY:
+                raise BadRequest(f"Content-Length must be 0..{MAX_BODY}, got {echo(length)}")
+            n = int(length)
+            body = await reader.readexactly(n) if n else b""
+    except TimeoutError:
+        raise BadRequest(f"request not complete within {READ_TIMEOUT_S:g} s",
+                         HTTPStatus.REQUEST_TIMEOUT) from None
+    except (ValueError, asyncio.LimitOverrunError) as e:  # a line longer than the reader's limit
+        if isinstance(e, BadRequest):
+            raise
+        raise BadRequest("request line or header too long") from None
     return parts[0], parts[1].split("?", 1)[0], headers, body
+
+
+def migrate_args(body: bytes) -> tuple[str | None, str | None]:
+    """`{"device": str, "dtype": str}` (either may be left out, not both) from a migrate body.
+
+    Raises:
+        BadRequest: not such an object.
+    """
+    try:
+        args = json.loads(body or b"{}")
+    except (ValueError, RecursionError):
+        raise BadRequest("the body must be a JSON object") from None
+    if not isinstance(args, dict):
+        raise BadRequest(f"the body must be a JSON object like {{\"device\": \"cuda:1\"}}, got {echo(args)}")
+    unknown = sorted(set(args) - {"device", "dtype"})
+    if unknown:
+        raise BadRequest(f"unknown field {echo(unknown[0])}; allowed: device, dtype")
+    for key in ("device", "dtype"):
+        value = args.get(key)
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise BadRequest(f'"{key}" must be a non-empty string, got {echo(value)}')
+    if args.get("device") is None and args.get("dtype") is None:
+        raise BadRequest('give "device", "dtype" or both')
+    return args.get("device"), args.get("dtype")
+
+
+def claim_socket_path(path: Path) -> None:
+    """Make `path` free for our admin socket: remove a stale socket left by a daemon that died.
+
+    Raises:
+        ConfigError: another live daemon listens there, or something that is not a socket is there.
+    """
+    if not (path.exists() or path.is_symlink()):
+        return
+    if not path.is_socket():
+        raise ConfigError(f"admin socket path {path} exists and is not a socket; remove it or set --admin-socket")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(str(path))
+    except (ConnectionRefusedError, FileNotFoundError):
+        path.unlink(missing_ok=True)  # stale: nobody listens
+        log.info("admin: removed the stale socket %s", path)
+        return
+    except OSError:  # e.g. a timeout: something is there; do not take it over
+        pass
+    finally:
+        probe.close()
+    raise ConfigError(f"admin socket {path} is in use by another running daemon; stop it or set --admin-socket")

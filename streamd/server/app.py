@@ -29,6 +29,7 @@ from streamd.server.admin import AdminServer, Control
 from streamd.server.handler import Connection, ServerState
 from streamd.server.metrics import CONTENT_TYPE, Metrics
 from streamd.server.protocol import STREAM_PATH
+from streamd.server.secrets import warn_if_exposed
 
 log = logging.getLogger("streamd.server")
 STATIC = Path(__file__).resolve().parent / "static"
@@ -143,35 +144,37 @@ class App:
         # Python, each re-take waits up to this interval (CPython's default, 5 ms, made a busy
         # daemon's steps many times slower).
         sys.setswitchinterval(self.state.config.engine.gil_switch_ms / 1000)
-        self.state.engine.start()
-        await warm_up(self.state.engine)
-        admin = AdminServer(self.control, self.state.config.admin)
-        await admin.start()
         tls = _tls_context(cfg.tls_cert, cfg.tls_key)
-        async with serve(self.handler, cfg.host, cfg.port, process_request=self.process_request,
-                         max_size=cfg.max_message_bytes, max_queue=RECEIVE_QUEUE, compression=None,
-                         ssl=tls) as server:
-            port = _bound_port(server)
-            self.ready = True
-            log.info("serving %s on %s://%s:%d%s (%s, %s)", self.state.model_name, "wss" if tls else "ws",
-                     cfg.host, port, STREAM_PATH, self.state.device, self.state.dtype)
-            notifier.ready(f"serving on port {port}")
-            if started is not None:
-                started.set_result(port)
-            watchdog = asyncio.create_task(_watchdog(notifier))
-            await self.state.shutdown.wait()
-            notifier.stopping(f"draining {len(self.state.live)} streams")
-            log.info("draining %d streams", len(self.state.live))
-            # Keep listening while draining: /readyz and new handshakes get 503 (see `accepting`).
-            if self.state.live:
-                await asyncio.wait(set(self.state.live), timeout=cfg.drain_timeout_s)
-            if self.connections:  # past the drain timeout (e.g. a client that never reads): cut them
-                log.warning("drain timeout: dropping %d connections", len(self.connections))
-                for ws in self.connections:
-                    ws.transport.abort()
-            watchdog.cancel()
-        await admin.stop()
-        await self.state.engine.stop()
+        admin = AdminServer(self.control, self.state.config.admin)
+        await admin.start()  # first: a socket path in use fails the start before any work
+        try:
+            self.state.engine.start()
+            await warm_up(self.state.engine)
+            async with serve(self.handler, cfg.host, cfg.port, process_request=self.process_request,
+                             max_size=cfg.max_message_bytes, max_queue=RECEIVE_QUEUE, compression=None,
+                             ssl=tls) as server:
+                port = _bound_port(server)
+                self.ready = True
+                log.info("serving %s on %s://%s:%d%s (%s, %s)", self.state.model_name, "wss" if tls else "ws",
+                         cfg.host, port, STREAM_PATH, self.state.device, self.state.dtype)
+                notifier.ready(f"serving on port {port}")
+                if started is not None:
+                    started.set_result(port)
+                watchdog = asyncio.create_task(_watchdog(notifier))
+                await self.state.shutdown.wait()
+                notifier.stopping(f"draining {len(self.state.live)} streams")
+                log.info("draining %d streams", len(self.state.live))
+                # Keep listening while draining: /readyz and new handshakes get 503 (see `accepting`).
+                if self.state.live:
+                    await asyncio.wait(set(self.state.live), timeout=cfg.drain_timeout_s)
+                if self.connections:  # past the drain timeout (e.g. a client that never reads): cut them
+                    log.warning("drain timeout: dropping %d connections", len(self.connections))
+                    for ws in self.connections:
+                        ws.transport.abort()
+                watchdog.cancel()
+        finally:
+            await admin.stop()
+            await self.state.engine.stop()
 
 
 async def _watchdog(notifier: systemd.Notifier) -> None:
@@ -190,6 +193,7 @@ def _bound_port(server: Server) -> int:
 def _tls_context(cert: Any, key: Any) -> ssl.SSLContext | None:
     if cert is None:
         return None
+    warn_if_exposed(Path(key or cert), "TLS private key")
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(str(cert), str(key) if key else None)
     return ctx
