@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 import torch
 from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from streamd import systemd
@@ -28,6 +27,7 @@ from streamd.model.checkpoint import load_model, resolve_model_path
 from streamd.server.admin import AdminServer, Control
 from streamd.server.handler import Connection, ServerState
 from streamd.server.metrics import CONTENT_TYPE, Metrics
+from streamd.server.http import GuardedConnection, quiet_client_handshake_faults, response, without_body
 from streamd.server.protocol import STREAM_PATH
 from streamd.server.secrets import warn_if_exposed
 
@@ -72,16 +72,9 @@ async def warm_up(engine: Engine) -> None:
         pass
 
 
-def _response(status: HTTPStatus, body: bytes, content_type: str = "text/plain; charset=utf-8",
-              extra: dict[str, str] | None = None) -> Response:
-    headers = Headers({"Content-Type": content_type, "Content-Length": str(len(body))})
-    for k, v in (extra or {}).items():
-        headers[k] = v
-    return Response(status.value, status.phrase, headers, body)
-
-
 class App:
     def __init__(self, state: ServerState) -> None:
+        quiet_client_handshake_faults()
         self.state = state
         self.control = Control(state)
         self.ready = False
@@ -89,26 +82,36 @@ class App:
 
     def process_request(self, conn: ServerConnection, request: Request) -> Response | None:
         """HTTP routes on the websocket port; None lets a stream handshake proceed."""
+        if isinstance(conn, GuardedConnection):
+            if conn.refusal is not None:
+                return conn.refusal
+            if conn.head_only:
+                r = self._route(request)
+                return without_body(r) if r is not None else response(
+                    HTTPStatus.METHOD_NOT_ALLOWED, b"", extra={"Allow": "GET"})
+        return self._route(request)
+
+    def _route(self, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]
         if path == "/livez":
-            return _response(HTTPStatus.OK, b"ok\n")
+            return response(HTTPStatus.OK, b"ok\n")
         if path == "/readyz":
             if self.accepting and not self.state.cutting_over:
-                return _response(HTTPStatus.OK, b"ready\n")
-            return _response(HTTPStatus.SERVICE_UNAVAILABLE, b"not ready\n")
+                return response(HTTPStatus.OK, b"ready\n")
+            return response(HTTPStatus.SERVICE_UNAVAILABLE, b"not ready\n")
         if path == "/metrics":
-            return _response(HTTPStatus.OK, self.state.metrics.render(), CONTENT_TYPE)
+            return response(HTTPStatus.OK, self.state.metrics.render(), CONTENT_TYPE)
         if path in STATIC_FILES:
             name, kind = STATIC_FILES[path]
-            return _response(HTTPStatus.OK, (STATIC / name).read_bytes(), kind)
+            return response(HTTPStatus.OK, (STATIC / name).read_bytes(), kind)
         if path != STREAM_PATH:
-            return _response(HTTPStatus.NOT_FOUND, b"not found\n")
+            return response(HTTPStatus.NOT_FOUND, b"not found\n")
         if not self.accepting:
             self.state.metrics.rejections.labels(reason="draining").inc()
-            return _response(HTTPStatus.SERVICE_UNAVAILABLE, b"draining\n", extra={"Retry-After": "5"})
+            return response(HTTPStatus.SERVICE_UNAVAILABLE, b"draining\n", extra={"Retry-After": "5"})
         if len(self.state.live) >= self.state.config.server.max_streams:
             self.state.metrics.rejections.labels(reason="overloaded").inc()
-            return _response(HTTPStatus.SERVICE_UNAVAILABLE, b"at capacity\n", extra={"Retry-After": "1"})
+            return response(HTTPStatus.SERVICE_UNAVAILABLE, b"at capacity\n", extra={"Retry-After": "1"})
         return None
 
     @property
@@ -152,7 +155,7 @@ class App:
             await warm_up(self.state.engine)
             async with serve(self.handler, cfg.host, cfg.port, process_request=self.process_request,
                              max_size=cfg.max_message_bytes, max_queue=RECEIVE_QUEUE, compression=None,
-                             ssl=tls) as server:
+                             ssl=tls, create_connection=GuardedConnection) as server:
                 port = _bound_port(server)
                 self.ready = True
                 log.info("serving %s on %s://%s:%d%s (%s, %s)", self.state.model_name, "wss" if tls else "ws",
