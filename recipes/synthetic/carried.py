@@ -3,14 +3,15 @@
     python -m recipes.synthetic.carried pack --out .carry/kokoro.tar.xz --max-mib 15 \\
         --held-apart .carry/text/dev.txt .carry/text/eval.txt .carry/kokoro/train .carry/kokoro/dev
     python -m recipes.synthetic.carried unpack --pack .carry/kokoro.tar.xz --out WORK/kokoro
-    python -m recipes.synthetic.carried merge --out M.jsonl A/manifest.jsonl B/manifest.jsonl
+    python -m recipes.synthetic.carried merge --out M.jsonl A/manifest.jsonl 'B/manifest.jsonl*3'
 
 pack: the finished utterances of each set (a folder with manifest.jsonl, the set's name is the
 folder's), in manifest order until the size budget is spent; a `train` set loses every row
 whose sentence shares a word 6-gram with the held-apart text (which may have changed since the
 speech was made). unpack: extracts and decodes each set to 16 kHz 16-bit WAV with libsndfile
 (through ctypes: the GPU machine has the engines' libsndfile, not the soundfile package), writing
-OUT/SET/manifest.jsonl. merge: manifests into one, with absolute audio paths.
+OUT/SET/manifest.jsonl. merge: manifests into one (`PATH*N`: its rows N times), with absolute
+audio paths, in a seeded shuffled order (train.py's dev set is the first --dev-utts rows).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import ctypes
 import io
 import json
 import multiprocessing
+import random
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -147,10 +149,15 @@ def unpack(pack_path: Path, out: Path, workers: int) -> dict[str, int]:
     return counts
 
 
-def merge(manifests: list[Path], out: Path) -> int:
-    """Concatenate manifests into OUT with absolute audio paths; return the row count."""
-    rows = [{**r, "audio": str((m.resolve().parent / r["audio"]).resolve())}
-            for m in manifests for r in read_rows(m)]
+def merge(manifests: list[str], out: Path, seed: int = 0) -> int:
+    """Manifests (`PATH` or `PATH*N` for N copies of its rows) into OUT with absolute audio paths,
+    shuffled by `seed`; return the row count."""
+    rows = []
+    for spec in manifests:
+        path, _, times = spec.rpartition("*") if "*" in spec else (spec, "", "1")
+        m = Path(path).resolve()
+        rows += [{**r, "audio": str(m.parent / r["audio"])} for r in read_rows(m)] * int(times)
+    random.Random(seed).shuffle(rows)
     out.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return len(rows)
 
@@ -168,7 +175,7 @@ def main() -> None:
     u.add_argument("--out", type=Path, required=True)
     u.add_argument("--workers", type=int, default=multiprocessing.cpu_count())
     m = sub.add_parser("merge")
-    m.add_argument("manifests", type=Path, nargs="+")
+    m.add_argument("manifests", nargs="+", help="PATH or PATH*N (its rows N times)")
     m.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     if args.cmd == "pack":

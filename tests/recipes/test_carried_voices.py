@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tarfile
 from pathlib import Path
@@ -125,11 +126,38 @@ def test_pack_filters_held_apart_budget_then_unpack_and_merge(tmp_path: Path) ->
     utts = read_manifest(tmp_path / "un/train/manifest.jsonl")
     assert [u.text for u in utts] == texts and all(u.audio.endswith(".wav") for u in utts)
     assert all(abs(read_pcm16(u.audio).size - 16000) < 400 for u in utts)
-    n = carried.merge([tmp_path / "un/train/manifest.jsonl", tmp_path / "un/dev/manifest.jsonl"],
+    n = carried.merge([str(tmp_path / "un/train/manifest.jsonl"), f"{tmp_path}/un/dev/manifest.jsonl*3"],
                       tmp_path / "all.jsonl")
     merged = read_manifest(tmp_path / "all.jsonl")
-    assert n == 6 and len(merged) == 6 and all(Path(u.audio).is_file() for u in merged)
+    assert n == 8 and len(merged) == 8 and all(Path(u.audio).is_file() for u in merged)
+    assert sorted(u.text for u in merged) == sorted(texts + [held] * 3)
+    assert [u.text for u in merged] != texts + [held] * 3  # shuffled
 
 
 def test_blends_are_seeded() -> None:
     assert kokoro_blends(10, seed=5) == kokoro_blends(10, seed=5) != kokoro_blends(10, seed=6)
+
+
+def pico_lib() -> Path:
+    """The unpacked pico/ folder of `pico.py pack-lib` (STREAMD_PICO_LIB), else skip."""
+    lib = Path(os.environ.get("STREAMD_PICO_LIB", "/nonexistent"))
+    if not (lib / "lang").is_dir():
+        pytest.skip("STREAMD_PICO_LIB is not an unpacked pico/ folder")
+    return lib
+
+
+def test_pico_voices_rate_and_pitch(tmp_path: Path) -> None:
+    from recipes.synthetic import pico
+    from recipes.synthetic.synth import Job
+    from recipes.synthetic.voices import Prosody
+
+    assert [v.id for v in pico.pico_voices()] == ["pico:en-US", "pico:en-GB"]
+    lib = pico_lib()
+    rows = pico.run_chunk((lib, tmp_path, [
+        Job(i, "the rain in spain stays mainly in the plain", Voice("pico", name), Prosody(s, p))
+        for i, (name, s, p) in enumerate([("en-US", 0.8, 0.0), ("en-US", 1.2, 0.0),
+                                          ("en-US", 1.2, 1.0), ("en-GB", 1.0, 0.0)])]))
+    slow, fast, high, gb = (r["duration"] for r in rows)
+    assert slow > 1.3 * fast and abs(high - fast) < 0.1 * fast
+    assert (tmp_path / rows[2]["audio"]).read_bytes() != (tmp_path / rows[1]["audio"]).read_bytes()
+    assert gb > 1.0 and rows[3]["voice"] == "pico:en-GB"
