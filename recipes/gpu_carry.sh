@@ -24,7 +24,7 @@ prepare)
 kokoro)
     # .carry/kokoro/{train,dev}: made by recipes.synthetic.kokoro (a background job may still be
     # adding to them); train rows that share a 6-gram with the current dev/eval text are left out.
-    ${PYTHON:-python3} -m recipes.synthetic.carried pack .carry/kokoro/train .carry/kokoro/dev \
+    ${PYTHON:-python3} -m recipes.synthetic.carried pack .carry/kokoro/dev .carry/kokoro/train \
         --out .carry/kokoro.tar.xz --max-mib "${2:-15}" --held-apart .carry/text/dev.txt .carry/text/eval.txt
     ;;
 collect)

@@ -1,5 +1,5 @@
 """Kokoro-82M speech made on this (CPU) machine: non-reserved voices and blends, varied speed and
-pitch, 16 kHz mono Ogg/Opus (~18 kbit/s) and a manifest in synth.py's format.
+pitch, 16 kHz mono Ogg/Opus (~16 kbit/s) and a manifest in synth.py's format.
 
     python -m recipes.synthetic.kokoro --model kokoro-int8.onnx --voices DIR --text train.txt \\
         --out .carry/kokoro/train --n 100000 --seed 10 [--blends 48] [--threads 1]
@@ -27,7 +27,7 @@ from .voices import Voice, is_reserved, kokoro_blends, kokoro_parts, kokoro_trai
 
 KOKORO_RATE = 24000
 PITCH_CENTS = 250  # pitch -1..1 -> -250..+250 cents through sox
-OPUS_LEVEL = 0.96  # libsndfile's Opus compression level: ~18 kbit/s at 16 kHz
+OPUS_LEVEL = 0.96  # libsndfile's Opus compression level: ~16 kbit/s at 16 kHz
 
 
 def audio_path(job: Job) -> str:

@@ -107,8 +107,8 @@ def test_pack_filters_held_apart_budget_then_unpack_and_merge(tmp_path: Path) ->
     write_set(dev, [held])
     (tmp_path / "dev.txt").write_text(held + "\n")
     out = tmp_path / "k.tar.xz"
-    counts = carried.pack([train, dev, tmp_path / "sets/not-begun"], out, 10**6, [tmp_path / "dev.txt"])
-    assert counts == {"train": 5, "dev": 1}  # the row sharing a 6-gram with dev.txt is dropped
+    counts = carried.pack([dev, train, tmp_path / "sets/not-begun"], out, 10**6, [tmp_path / "dev.txt"])
+    assert counts == {"dev": 1, "train": 5}  # the row sharing a 6-gram with dev.txt is dropped
     with tarfile.open(out) as tar:
         rows = [json.loads(x) for x in tar.extractfile("train/manifest.jsonl").read().splitlines()]
     assert [r["text"] for r in rows] == texts
