@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Callable, Iterator
+from typing import Any
 
 ROOMS = ["kitchen", "bedroom", "living room", "bathroom", "garage", "office", "hallway", "basement",
          "attic", "dining room", "porch", "guest room"]
@@ -134,8 +135,8 @@ def ordinal(n: int) -> str:
     return f"{n}{suffix}"
 
 
-def fillers(fake, rng: random.Random) -> dict[str, Callable[[], str]]:  # noqa: ANN001 (Faker)
-    """A function per slot name, each drawing a fresh value."""
+def fillers(fake: Any, rng: random.Random) -> dict[str, Callable[[], str]]:
+    """A function per slot name, each drawing a fresh value (`small`, `small2` and `sum` agree)."""
     def clock() -> str:
         h, m = rng.randint(1, 12), rng.choice([0, 0, 15, 30, 45, 10, 20, 40, 5, rng.randint(1, 59)])
         suffix = rng.choice(["am", "pm"] if m else ["am", "pm", "o'clock"])
