@@ -8,6 +8,7 @@
 # for train .carry/ckpt/{summary.json,last.pt.000,...} (absent on the first call), optionally
 # .carry/kokoro.tar.xz (Kokoro speech made on the CPU machine: recipes/synthetic/carried.py) and
 # .carry/pico.tar.xz (SVOX Pico, synthesised here: recipes/synthetic/pico.py), for eval
+# optionally .carry/kokoro-eval.tar.xz (the reserved Kokoro voices, made on the CPU machine), and
 # .carry/ckpt/default-model.pt (whole or .000 parts). Everything comes back in $OUT (at most 8
 # files of <= 16 MiB): run.log, summary.json, last.pt.000.. and, when the dev WER improved on the
 # best so far, default-model.pt.000..; eval writes eval.md and eval.json.
@@ -84,18 +85,19 @@ pico() {
     return $rc
 }
 
-# The carried Kokoro pack, decoded to WAV (libsndfile from the engines' root) -> $WORK/kokoro/{train,dev}
-kokoro() {
+# unpack NAME: the carried .carry/NAME.tar.xz (Kokoro speech) decoded to WAV with the engines'
+# libsndfile -> $WORK/NAME/SET/manifest.jsonl (SET: train, dev; eval for kokoro-eval)
+unpack() {
     local sum
-    sum=$(sha256sum .carry/kokoro.tar.xz | cut -d' ' -f1)
-    if [ "$(cat "$WORK/kokoro.args" 2>/dev/null)" = "$sum" ]; then log "kokoro: reusing $WORK/kokoro"; return 0; fi
-    rm -rf "${WORK:?}/kokoro" "$WORK/kokoro.args"
+    sum=$(sha256sum ".carry/$1.tar.xz" | cut -d' ' -f1)
+    if [ "$(cat "$WORK/$1.args" 2>/dev/null)" = "$sum" ]; then log "$1: reusing $WORK/$1"; return 0; fi
+    rm -rf "${WORK:?}/$1" "$WORK/$1.args"
     LD_LIBRARY_PATH=$PWD/.carry/tts/root/usr/lib/x86_64-linux-gnu:$PWD/.carry/tts/root/lib/x86_64-linux-gnu \
-        python3 -m recipes.synthetic.carried unpack --pack .carry/kokoro.tar.xz --out "$WORK/kokoro" \
-        --workers 4 >"$WORK/kokoro.json" 2>"$WORK/kokoro.err"
+        python3 -m recipes.synthetic.carried unpack --pack ".carry/$1.tar.xz" --out "$WORK/$1" \
+        --workers 4 >"$WORK/$1.json" 2>"$WORK/$1.err"
     local rc=$?
-    log "kokoro unpack: rc $rc $(cat "$WORK/kokoro.json" 2>/dev/null)"
-    if [ $rc -eq 0 ]; then echo "$sum" >"$WORK/kokoro.args"; else tail -5 "$WORK/kokoro.err" | tee -a "$LOG"; fi
+    log "$1 unpack: rc $rc $(cat "$WORK/$1.json" 2>/dev/null)"
+    if [ $rc -eq 0 ]; then echo "$sum" >"$WORK/$1.args"; else tail -5 "$WORK/$1.err" | tee -a "$LOG"; fi
     return $rc
 }
 
@@ -116,7 +118,7 @@ if [ "$MODE" = train ]; then
         fi
     fi
     if [ -f .carry/kokoro.tar.xz ]; then
-        if kokoro; then
+        if unpack kokoro; then
             [ -s "$WORK/kokoro/train/manifest.jsonl" ] && TRAIN_SETS+=("$WORK/kokoro/train/manifest.jsonl*$KOKORO_REPEAT")
             [ -s "$WORK/kokoro/dev/manifest.jsonl" ] && DEV_SETS+=("$WORK/kokoro/dev/manifest.jsonl")
         else
@@ -161,10 +163,14 @@ elif [ "$MODE" = eval ]; then
     synth eval-train-voices eval.txt train "$N_EVAL" 3 8 & p2=$!
     wait $p1 || die "eval synthesis (reserved voices)"
     wait $p2 || die "eval synthesis (training voices)"
+    KOKORO_EVAL=()
+    if [ -f .carry/kokoro-eval.tar.xz ] && unpack kokoro-eval; then
+        KOKORO_EVAL=(--manifest "reserved-kokoro-voices=$WORK/kokoro-eval/eval/manifest.jsonl")
+    fi
     [ -e $CKPT/default-model.pt ] || [ -e $CKPT/default-model.pt.000 ] || die "no $CKPT/default-model.pt"
     python3 -m recipes.evaluate --model $CKPT/default-model.pt --device "$DEVICE" --batch 320 \
         --manifest "reserved-voices=$WORK/eval/manifest.jsonl" \
-        --manifest "training-voices=$WORK/eval-train-voices/manifest.jsonl" --out "$OUT" \
+        --manifest "training-voices=$WORK/eval-train-voices/manifest.jsonl" "${KOKORO_EVAL[@]}" --out "$OUT" \
         2> >(tee "$WORK/eval.err" >&2) | tee -a "$LOG"
     rc=$?
     [ $rc -eq 0 ] || { tail -30 "$WORK/eval.err" | tee -a "$LOG"; die "evaluate.py rc $rc"; }

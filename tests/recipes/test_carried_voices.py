@@ -160,3 +160,36 @@ def test_pico_voices_rate_and_pitch(tmp_path: Path) -> None:
     assert slow > 1.3 * fast and abs(high - fast) < 0.1 * fast
     assert (tmp_path / rows[2]["audio"]).read_bytes() != (tmp_path / rows[1]["audio"]).read_bytes()
     assert gb > 1.0 and rows[3]["voice"] == "pico:en-GB"
+
+
+def test_kokoro_run_refuses_a_voice_of_the_wrong_kind(tmp_path: Path) -> None:
+    pytest.importorskip("soundfile")
+    from recipes.synthetic import kokoro
+    from recipes.synthetic.synth import Job
+    from recipes.synthetic.voices import Prosody, kokoro_eval_voices
+
+    class Tone:
+        def make(self, job: Job) -> np.ndarray:
+            return (0.5 * np.sin(np.arange(16000) / 10)).astype(np.float32)
+
+    assert {v.name for v in kokoro_eval_voices()} == RESERVED_KOKORO_VOICES
+    train = [Job(0, "a b c", Voice("kokoro", "af_bella"), Prosody(1.0, 0.0))]
+    held = [Job(1, "a b c", Voice("kokoro", "bf_alice:0.9+bf_emma:0.1"), Prosody(1.0, 0.0))]
+    with pytest.raises(ValueError):
+        kokoro.run(Tone(), held, tmp_path / "train")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        kokoro.run(Tone(), train, tmp_path / "eval", reserved=True)  # type: ignore[arg-type]
+    assert kokoro.run(Tone(), train, tmp_path / "train")["utterances"] == 1  # type: ignore[arg-type]
+    assert kokoro.run(Tone(), held, tmp_path / "eval", reserved=True)["utterances"] == 1  # type: ignore[arg-type]
+    assert kokoro.done_indices(tmp_path / "train/manifest.jsonl") == {0}
+
+
+def test_kokoro_styles_load_only_the_voices_parts(tmp_path: Path) -> None:
+    from recipes.synthetic.kokoro import load_styles
+
+    for name in ("af_bella", "bm_george"):
+        np.full((510, 1, 256), 1.0, np.float32).tofile(tmp_path / f"{name}.bin")
+    styles = load_styles(tmp_path, [Voice("kokoro", "af_bella:0.5+bm_george:0.5"), Voice("kokoro", "af_bella")])
+    assert sorted(styles) == ["af_bella", "bm_george"] and styles["af_bella"].shape == (510, 1, 256)
+    with pytest.raises(FileNotFoundError):
+        load_styles(tmp_path, [Voice("kokoro", "af_nicole")])
