@@ -2,8 +2,10 @@
 # The CPU-machine side of recipes/run_gpu.sh, from the repository root:
 #
 #   bash recipes/gpu_carry.sh prepare           once: pack the text (4.4 MB -> 1.2 MB), make .carry/ckpt
+#   bash recipes/gpu_carry.sh kokoro [MAX_MIB]  pack the Kokoro speech made so far (default 15 MiB)
+#   bash recipes/gpu_carry.sh kokoro-eval       pack the reserved Kokoro voices' speech (eval calls)
 #   bash recipes/gpu_carry.sh collect FILES_AT  after each train call: keep what came back
-#   bash recipes/gpu_carry.sh sizes             what a train / eval call would carry
+#   bash recipes/gpu_carry.sh sizes             what a train / eval call would carry, repo included
 #
 # collect: the training state (last.pt.000.. + summary.json) replaces .carry/ckpt's; parts of
 # default-model.pt come back only when the dev WER beat the best so far, and are then joined into
@@ -19,6 +21,15 @@ prepare)
     tar -cJf .carry/text.tar.xz -C .carry text/train.txt text/dev.txt text/eval.txt
     mkdir -p "$CKPT" .carry/logs
     ls -l .carry/tts/root.tar.xz .carry/text.tar.xz
+    ;;
+kokoro)
+    # .carry/kokoro/{train,dev}: made by recipes.synthetic.kokoro (a background job may still be
+    # adding to them); train rows that share a 6-gram with the current dev/eval text are left out.
+    ${PYTHON:-python3} -m recipes.synthetic.carried pack .carry/kokoro/dev .carry/kokoro/train \
+        --out .carry/kokoro.tar.xz --max-mib "${2:-15}" --held-apart .carry/text/dev.txt .carry/text/eval.txt
+    ;;
+kokoro-eval)
+    ${PYTHON:-python3} -m recipes.synthetic.carried pack .carry/kokoro/eval --out .carry/kokoro-eval.tar.xz --max-mib 8
     ;;
 collect)
     F=${2:?usage: collect FILES_AT}
@@ -52,8 +63,19 @@ EOF
     ls -l "$CKPT"
     ;;
 sizes)
-    du -cb .carry/tts/root.tar.xz .carry/text.tar.xz "$CKPT"/summary.json "$CKPT"/last.pt.0* 2>/dev/null | tail -1 | awk '{printf "train call carries %.1f MiB (+ the repo)\n", $1 / 1048576}'
-    du -cb .carry/tts/root.tar.xz .carry/text.tar.xz "$CKPT"/default-model.pt 2>/dev/null | tail -1 | awk '{printf "eval call carries %.1f MiB (+ the repo)\n", $1 / 1048576}'
+    # A call carries the repository's tracked files and the carried paths: 64 MiB in all.
+    repo=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
+    mib() { awk -v b="$1" 'BEGIN {printf "%.1f", b / 1048576}'; }
+    total() { { du -cb "$@" 2>/dev/null || true; } | tail -1 | cut -f1; }
+    for f in .carry/tts/root.tar.xz .carry/text.tar.xz .carry/kokoro.tar.xz .carry/pico.tar.xz .carry/kokoro-eval.tar.xz; do
+        if [ -f "$f" ]; then echo "  $f $(mib "$(total "$f")") MiB"; fi
+    done
+    train=$(( repo + $(total .carry/tts/root.tar.xz .carry/text.tar.xz .carry/kokoro.tar.xz .carry/pico.tar.xz "$CKPT"/summary.json "$CKPT"/last.pt.0*) ))
+    evalc=$(( repo + $(total .carry/tts/root.tar.xz .carry/text.tar.xz .carry/kokoro-eval.tar.xz "$CKPT"/default-model.pt) ))
+    echo "repo (tracked files) $(mib "$repo") MiB"
+    echo "train call carries $(mib $train) MiB in all (repo, engines, text, kokoro, pico, $CKPT/last.pt.* if any) of 64"
+    echo "eval call carries $(mib $evalc) MiB in all (repo, engines, text, kokoro-eval, $CKPT/default-model.pt) of 64"
+    [ $train -le $((64 * 1048576)) ] || { echo "train call: over 64 MiB"; exit 1; }
     ;;
 *)
     sed -n 2,12p "$0"

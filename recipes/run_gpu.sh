@@ -5,13 +5,18 @@
 #   bash recipes/run_gpu.sh eval  [BUDGET_MIN]               synthesise eval sets, evaluate
 #
 # Carried in: .carry/tts/root.tar.xz, the text (.carry/text.tar.xz or .carry/text/*.txt), and
-# for train .carry/ckpt/{summary.json,last.pt.000,...} (absent on the first call), for eval
+# for train .carry/ckpt/{summary.json,last.pt.000,...} (absent on the first call), optionally
+# .carry/kokoro.tar.xz (Kokoro speech made on the CPU machine: recipes/synthetic/carried.py) and
+# .carry/pico.tar.xz (SVOX Pico, synthesised here: recipes/synthetic/pico.py), for eval
+# optionally .carry/kokoro-eval.tar.xz (the reserved Kokoro voices, made on the CPU machine), and
 # .carry/ckpt/default-model.pt (whole or .000 parts). Everything comes back in $OUT (at most 8
 # files of <= 16 MiB): run.log, summary.json, last.pt.000.. and, when the dev WER improved on the
 # best so far, default-model.pt.000..; eval writes eval.md and eval.json.
 # BUDGET_MIN (default 9.2) is the wall clock this script may use; training gets what is left
 # after synthesis minus a margin. The same seeds every call: the data are the same every call.
 # Knobs (environment): N_TRAIN=40000 N_DEV=1000 N_EVAL=640 WORKERS=16 DEVICE=cuda TRAIN_ARGS=...
+# N_PICO=4000 N_PICO_DEV=200 KOKORO_REPEAT=5 (each carried Kokoro training utterance appears that
+# many times in the training manifest; its dev set once).
 # INIT_FROM=MODEL.pt (start from a model's weights, e.g. streamd/assets/default-model.pt, when
 # there is no saved state). A warm machine keeps the state in $WORK/ckpt: a next call resumes
 # from it without carrying last.pt.
@@ -29,6 +34,9 @@ N_DEV=${N_DEV:-1000}
 N_EVAL=${N_EVAL:-640}
 WORKERS=${WORKERS:-16}
 DEVICE=${DEVICE:-cuda}
+N_PICO=${N_PICO:-4000}
+N_PICO_DEV=${N_PICO_DEV:-200}
+KOKORO_REPEAT=${KOKORO_REPEAT:-5}
 CKPT=.carry/ckpt
 mkdir -p "$OUT" "$WORK"
 LOG=$OUT/run.log
@@ -41,6 +49,7 @@ die() { log "FAILED: $*"; exit 1; }
 tar -xJf .carry/tts/root.tar.xz -C .carry/tts || die "unpacking the TTS engines"
 if [ -f .carry/text.tar.xz ]; then tar -xJf .carry/text.tar.xz -C .carry || die "unpacking the text"; fi
 for f in train dev eval; do [ -s .carry/text/$f.txt ] || die "no .carry/text/$f.txt"; done
+if [ -f .carry/pico.tar.xz ]; then tar -xJf .carry/pico.tar.xz -C .carry || die "unpacking pico"; fi
 log "mode $MODE, budget $BUDGET_MIN min; $(nproc) cores; $(python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())')"
 
 # synth NAME TEXT VOICES N SEED WORKERS  ->  $WORK/NAME/manifest.jsonl
@@ -60,11 +69,68 @@ synth() {
     return $rc
 }
 
+# pico NAME TEXT N SEED WORKERS  ->  $WORK/NAME/manifest.jsonl (reused like synth's sets)
+pico() {
+    local args="pico $*"
+    if [ -s "$WORK/$1/manifest.jsonl" ] && [ "$(cat "$WORK/$1.args" 2>/dev/null)" = "$args" ]; then
+        log "pico $1: reusing $WORK/$1"
+        return 0
+    fi
+    rm -rf "${WORK:?}/$1" "$WORK/$1.args"
+    python3 -m recipes.synthetic.pico make --lib .carry/pico --text ".carry/text/$2" --n "$3" \
+        --seed "$4" --out "$WORK/$1" --workers "$5" >"$WORK/$1.json" 2>"$WORK/$1.err"
+    local rc=$?
+    log "pico $1 ($2, n=$3, seed $4): rc $rc $(cat "$WORK/$1.json" 2>/dev/null)"
+    if [ $rc -eq 0 ]; then echo "$args" >"$WORK/$1.args"; else tail -5 "$WORK/$1.err" | tee -a "$LOG"; fi
+    return $rc
+}
+
+# unpack NAME: the carried .carry/NAME.tar.xz (Kokoro speech) decoded to WAV with the engines'
+# libsndfile -> $WORK/NAME/SET/manifest.jsonl (SET: train, dev; eval for kokoro-eval)
+unpack() {
+    local sum
+    sum=$(sha256sum ".carry/$1.tar.xz" | cut -d' ' -f1)
+    if [ "$(cat "$WORK/$1.args" 2>/dev/null)" = "$sum" ]; then log "$1: reusing $WORK/$1"; return 0; fi
+    rm -rf "${WORK:?}/$1" "$WORK/$1.args"
+    LD_LIBRARY_PATH=$PWD/.carry/tts/root/usr/lib/x86_64-linux-gnu:$PWD/.carry/tts/root/lib/x86_64-linux-gnu \
+        python3 -m recipes.synthetic.carried unpack --pack ".carry/$1.tar.xz" --out "$WORK/$1" \
+        --workers 4 >"$WORK/$1.json" 2>"$WORK/$1.err"
+    local rc=$?
+    log "$1 unpack: rc $rc $(cat "$WORK/$1.json" 2>/dev/null)"
+    if [ $rc -eq 0 ]; then echo "$sum" >"$WORK/$1.args"; else tail -5 "$WORK/$1.err" | tee -a "$LOG"; fi
+    return $rc
+}
+
 if [ "$MODE" = train ]; then
     synth train train.txt train "$N_TRAIN" 0 "$WORKERS" & p1=$!
     synth dev dev.txt train "$N_DEV" 1 4 & p2=$!
+    TRAIN_SETS=("$WORK/train/manifest.jsonl")
+    DEV_SETS=("$WORK/dev/manifest.jsonl")
+    if [ -d .carry/pico ]; then
+        pico pico-train train.txt "$N_PICO" 20 4 & p3=$!
+        pico pico-dev dev.txt "$N_PICO_DEV" 21 2 & p4=$!
+        # A failure here leaves that engine out rather than losing the call.
+        if wait $p3 && wait $p4; then
+            TRAIN_SETS+=("$WORK/pico-train/manifest.jsonl")
+            DEV_SETS+=("$WORK/pico-dev/manifest.jsonl")
+        else
+            log "WARNING: training WITHOUT Pico (synthesis failed, see above)"
+        fi
+    fi
+    if [ -f .carry/kokoro.tar.xz ]; then
+        if unpack kokoro; then
+            [ -s "$WORK/kokoro/train/manifest.jsonl" ] && TRAIN_SETS+=("$WORK/kokoro/train/manifest.jsonl*$KOKORO_REPEAT")
+            [ -s "$WORK/kokoro/dev/manifest.jsonl" ] && DEV_SETS+=("$WORK/kokoro/dev/manifest.jsonl")
+        else
+            log "WARNING: training WITHOUT Kokoro (unpacking failed, see above)"
+        fi
+    fi
     wait $p1 || die "train synthesis"
     wait $p2 || die "dev synthesis"
+    python3 -m recipes.synthetic.carried merge --out "$WORK/train-all.jsonl" "${TRAIN_SETS[@]}" >/dev/null &&
+        python3 -m recipes.synthetic.carried merge --out "$WORK/dev-all.jsonl" "${DEV_SETS[@]}" >/dev/null ||
+        die "merging the manifests"
+    log "training manifest: $(wc -l <"$WORK/train-all.jsonl") rows from ${TRAIN_SETS[*]}; dev: $(wc -l <"$WORK/dev-all.jsonl") rows"
     # The state to continue: the newest of this machine's own (a warm machine keeps it between
     # calls, so nothing needs to travel) and the carried one; else INIT_FROM's weights; else none.
     RESUME=()
@@ -84,8 +150,8 @@ if [ "$MODE" = train ]; then
     MIN=$(python3 -c "print(round(($BUDGET_MIN * 60 - ($(date +%s) - $T0) - 25) / 60, 2))")
     log "training for $MIN min (max-steps $MAX_STEPS)"
     # shellcheck disable=SC2086
-    python3 -m recipes.train --train-manifest "$WORK/train/manifest.jsonl" \
-        --dev-manifest "$WORK/dev/manifest.jsonl" --tokenizer "$WORK/tokenizer.model" \
+    python3 -m recipes.train --train-manifest "$WORK/train-all.jsonl" \
+        --dev-manifest "$WORK/dev-all.jsonl" --tokenizer "$WORK/tokenizer.model" \
         --out "$OUT" --log "$LOG" --minutes "$MIN" --max-steps "$MAX_STEPS" \
         --device "$DEVICE" --workers 10 --chunk-mb 15 "${RESUME[@]}" ${TRAIN_ARGS:-} \
         2> >(tee "$WORK/train.err" >&2)
@@ -97,10 +163,14 @@ elif [ "$MODE" = eval ]; then
     synth eval-train-voices eval.txt train "$N_EVAL" 3 8 & p2=$!
     wait $p1 || die "eval synthesis (reserved voices)"
     wait $p2 || die "eval synthesis (training voices)"
+    KOKORO_EVAL=()
+    if [ -f .carry/kokoro-eval.tar.xz ] && unpack kokoro-eval; then
+        KOKORO_EVAL=(--manifest "reserved-kokoro-voices=$WORK/kokoro-eval/eval/manifest.jsonl")
+    fi
     [ -e $CKPT/default-model.pt ] || [ -e $CKPT/default-model.pt.000 ] || die "no $CKPT/default-model.pt"
     python3 -m recipes.evaluate --model $CKPT/default-model.pt --device "$DEVICE" --batch 320 \
         --manifest "reserved-voices=$WORK/eval/manifest.jsonl" \
-        --manifest "training-voices=$WORK/eval-train-voices/manifest.jsonl" --out "$OUT" \
+        --manifest "training-voices=$WORK/eval-train-voices/manifest.jsonl" "${KOKORO_EVAL[@]}" --out "$OUT" \
         2> >(tee "$WORK/eval.err" >&2) | tee -a "$LOG"
     rc=$?
     [ $rc -eq 0 ] || { tail -30 "$WORK/eval.err" | tee -a "$LOG"; die "evaluate.py rc $rc"; }

@@ -1,6 +1,7 @@
-"""Training text from offline sources: fortunes, WordNet examples, Faker; normalised, filtered, split.
+"""Training text from offline sources: fortunes, WordNet examples, Faker, spoken-style templates
+(conversation.py: questions, commands, numbers, names, chat); normalised, filtered, split.
 
-    python -m recipes.synthetic.text --out DIR [--faker N] [--seed S]
+    python -m recipes.synthetic.text --out DIR [--faker N] [--conversation N] [--seed S]
 
 writes DIR/train.txt, DIR/dev.txt (checkpoint selection), DIR/eval.txt (held apart: the only
 source of evaluation sentences) and DIR/stats.json. Needs apt `fortunes fortunes-min
@@ -18,6 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 from . import ngrams
+from .conversation import conversation_sentences
 from .normalize import ascii_fold, expand_abbreviations, normalize
 
 REPO = Path(__file__).resolve().parents[2]
@@ -170,11 +172,13 @@ def split(sentences: Iterable[str], seed: int, dev: float = 0.02, held: float = 
     return out
 
 
-def build(out: Path, faker: int, seed: int, reserved_path: Path = RESERVED) -> dict[str, object]:
+def build(out: Path, faker: int, seed: int, reserved_path: Path = RESERVED,
+          conversation: int = 0) -> dict[str, object]:
     """Gather, clean and split; write the three text files and stats.json; return the stats."""
     reserved = ngrams.load_reserved(reserved_path)
     sources = {"fortunes": fortune_sentences(), "wordnet": wordnet_sentences(),
-               "faker": faker_sentences(faker, seed)}
+               "faker": faker_sentences(faker, seed),
+               "conversation": conversation_sentences(conversation, seed)}
     sentences, per_source = clean_sentences(sources, reserved)
     parts = split(sentences, seed)
     out.mkdir(parents=True, exist_ok=True)
@@ -193,10 +197,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--faker", type=int, default=30000, help="Faker sentences to generate")
+    ap.add_argument("--conversation", type=int, default=40000,
+                    help="spoken-style sentences to generate (conversation.py)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--reserved", type=Path, default=RESERVED, help="reserved 6-gram hashes")
     args = ap.parse_args()
-    print(json.dumps(build(args.out, args.faker, args.seed, args.reserved), indent=2))
+    print(json.dumps(build(args.out, args.faker, args.seed, args.reserved, args.conversation), indent=2))
 
 
 if __name__ == "__main__":

@@ -33,10 +33,20 @@ RESERVED_ESPEAK_NG_VARIANTS = frozenset(v.lower() for v in (
     "edward2"))
 RESERVED_ESPEAK_VARIANTS = frozenset({"f5"})
 RESERVED_SPEAKER = "slt"  # flite slt and festival cmu_us_slt_arctic_hts
+# Kokoro-82M's native English voices (shared/data/voices.md): a/b = US/GB, f/m = woman/man.
+KOKORO_VOICES = (
+    "af_alloy", "af_aoede", "af_bella", "af_heart", "af_jessica", "af_kore", "af_nicole", "af_nova",
+    "af_river", "af_sarah", "af_sky", "am_adam", "am_echo", "am_eric", "am_fenrir", "am_liam",
+    "am_michael", "am_onyx", "am_puck", "am_santa", "bf_alice", "bf_emma", "bf_isabella", "bf_lily",
+    "bm_daniel", "bm_fable", "bm_george", "bm_lewis")
+RESERVED_KOKORO_VOICES = frozenset({"af_nicole", "am_michael", "bf_emma", "bm_lewis"})
+PICO_VOICES = ("en-US", "en-GB")
 EVAL_ESPEAK_NG_ACCENTS = ("en-us-nyc", "en-us", "en")
 EVAL_ESPEAK_ACCENTS = ("en-us", "en")
 
 ENGINE_WEIGHTS = {"espeak-ng": 0.4, "espeak": 0.2, "flite": 0.25, "festival": 0.15}
+# Kokoro and Pico speech is made apart (kokoro.py, pico.py), each engine on its own.
+ENGINE_WEIGHTS |= {"kokoro": 1.0, "pico": 1.0}
 
 
 @dataclass(frozen=True)
@@ -59,10 +69,22 @@ class Prosody:
     pitch: float
 
 
+def kokoro_parts(name: str) -> list[tuple[str, float]]:
+    """A Kokoro voice name as (voice, weight) parts: `af_bella` or `af_bella:0.6+bm_george:0.4`."""
+    parts = []
+    for part in name.lower().split("+"):
+        base, _, weight = part.partition(":")
+        parts.append((base, float(weight) if weight else 1.0))
+    return parts
+
+
 def is_reserved(voice: Voice) -> bool:
-    """Whether a voice is reserved for evaluation (any Piper voice too)."""
+    """Whether a voice is reserved for evaluation (any Piper voice too; a Kokoro blend that
+    contains a reserved voice, with any weight)."""
     name = voice.name.lower()
     accent, _, variant = name.partition("+")
+    if voice.engine == "kokoro":
+        return any(base in RESERVED_KOKORO_VOICES for base, _ in kokoro_parts(name))
     if voice.engine == "espeak-ng":
         return accent in RESERVED_ESPEAK_NG_ACCENTS or variant in RESERVED_ESPEAK_NG_VARIANTS
     if voice.engine == "espeak":
@@ -105,6 +127,34 @@ def eval_voices(tts: TTS) -> list[Voice]:
             return accent in EVAL_ESPEAK_ACCENTS
         return True
     return [v for v in all_voices(tts) if is_reserved(v) and wanted(v)]
+
+
+def kokoro_training_voices() -> list[Voice]:
+    """The 24 native English Kokoro voices that are not reserved."""
+    return [v for v in (Voice("kokoro", n) for n in KOKORO_VOICES) if not is_reserved(v)]
+
+
+def kokoro_eval_voices() -> list[Voice]:
+    """The 4 reserved Kokoro voices: evaluation only."""
+    return [v for v in (Voice("kokoro", n) for n in KOKORO_VOICES) if is_reserved(v)]
+
+
+def kokoro_blends(n: int, seed: int) -> list[Voice]:
+    """N new speakers: convex blends of 2 or 3 non-reserved Kokoro voices (seeded weights,
+    largest first, rounded to 0.01 and summing to 1)."""
+    rng = random.Random(seed)
+    bases = [v.name for v in kokoro_training_voices()]
+    out: list[Voice] = []
+    while len(out) < n:
+        names = rng.sample(bases, rng.choice((2, 2, 3)))
+        raw = [rng.gammavariate(1.0, 1.0) + 0.2 for _ in names]
+        weights = [round(w / sum(raw), 2) for w in raw]
+        weights[0] = round(1 - sum(weights[1:]), 2)
+        parts = sorted(zip(weights, names), reverse=True)
+        voice = Voice("kokoro", "+".join(f"{b}:{w:.2f}" for w, b in parts))
+        if voice not in out:
+            out.append(voice)
+    return out
 
 
 def sample_voice(rng: random.Random, voices: list[Voice],

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import wave
 from pathlib import Path
@@ -204,3 +205,54 @@ def test_resample_without_soxr_matches_length(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(synth, "soxr", None)
     out = synth.resample(np.zeros(22050, dtype=np.float32), 22050)
     assert out.shape == (16000,) and out.dtype == np.float32
+
+
+def test_conversation_templates_have_no_six_fixed_words() -> None:
+    from recipes.synthetic.conversation import KINDS, _SLOT
+
+    for templates in KINDS.values():
+        for t in templates:
+            for literal in _SLOT.split(t)[::2]:
+                assert len(ngrams.words(literal)) < ngrams.N, t
+
+
+def test_conversation_sentences_are_varied_seeded_and_spelled_out() -> None:
+    pytest.importorskip("faker")
+    pytest.importorskip("num2words")
+    from recipes.synthetic.conversation import conversation_sentences
+    from recipes.synthetic.normalize import normalize
+    from recipes.synthetic.text import plausible
+
+    raw = list(conversation_sentences(400, seed=3))
+    assert raw == list(conversation_sentences(400, seed=3)) != list(conversation_sentences(400, seed=4))
+    assert sum(s.endswith("?") for s in raw) > 50 and sum(any(c.isdigit() for c in s) for s in raw) > 50
+    assert any(s.lower().startswith(("set a timer", "remind me", "turn off", "play some")) for s in raw)
+    assert not any(re.search(r", [A-Z]", s) and re.search(r", (Is|What|How|Set|Turn) ", s) for s in raw)
+    labels = [normalize(s) for s in raw if plausible(s)]
+    assert len(labels) > 0.95 * len(raw)
+    assert all(re.fullmatch(r"[a-z' ]+", label) for label in labels)
+    assert len(set(labels)) > 300
+
+
+def test_build_adds_conversation_and_filters_reserved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("faker")
+    pytest.importorskip("num2words")
+    from recipes.synthetic import text
+    from recipes.synthetic.conversation import conversation_sentences
+
+    first = normalize_first(conversation_sentences(1, seed=0))
+    reserved = tmp_path / "reserved.txt"
+    reserved.write_text("".join(ngrams.ngram_hash(g) + "\n" for g in ngrams.ngrams(first)))
+    monkeypatch.setattr(text, "fortune_sentences", lambda: iter(["A fortune of several plain words here."]))
+    monkeypatch.setattr(text, "wordnet_sentences", lambda: iter(["the usage example of a word"]))
+    stats = text.build(tmp_path / "out", faker=50, seed=0, reserved_path=reserved, conversation=300)
+    conv = stats["sources"]["conversation"]
+    assert conv["raw"] == 300 and conv["kept"] > 200 and conv["reserved"] >= 1
+    lines = [line for p in text.SPLITS for line in (tmp_path / "out" / f"{p}.txt").read_text().splitlines()]
+    assert first not in lines and not any(ch.isdigit() for line in lines for ch in line)
+
+
+def normalize_first(sentences: object) -> str:
+    from recipes.synthetic.normalize import normalize
+
+    return normalize(next(iter(sentences)))  # type: ignore[call-overload]

@@ -1,0 +1,192 @@
+"""Speech made on this machine and carried to the GPU machine as compressed audio (Ogg/Opus).
+
+    python -m recipes.synthetic.carried pack --out .carry/kokoro.tar.xz --max-mib 15 \\
+        --held-apart .carry/text/dev.txt .carry/text/eval.txt .carry/kokoro/train .carry/kokoro/dev
+    python -m recipes.synthetic.carried unpack --pack .carry/kokoro.tar.xz --out WORK/kokoro
+    python -m recipes.synthetic.carried merge --out M.jsonl A/manifest.jsonl 'B/manifest.jsonl*3'
+
+pack: the finished utterances of each set (a folder with manifest.jsonl, the set's name is the
+folder's), in manifest order until the size budget is spent; a `train` set loses every row
+whose sentence shares a word 6-gram with the held-apart text (which may have changed since the
+speech was made). unpack: extracts and decodes each set to 16 kHz 16-bit WAV with libsndfile
+(through ctypes: the GPU machine has the engines' libsndfile, not the soundfile package), writing
+OUT/SET/manifest.jsonl. merge: manifests into one (`PATH*N`: its rows N times), with absolute
+audio paths, in a seeded shuffled order (train.py's dev set is the first --dev-utts rows).
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import io
+import json
+import multiprocessing
+import random
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import ngrams
+from .synth import write_wav
+
+SFM_READ = 0x10
+
+
+class SFInfo(ctypes.Structure):
+    _fields_ = [("frames", ctypes.c_int64), ("samplerate", ctypes.c_int), ("channels", ctypes.c_int),
+                ("format", ctypes.c_int), ("sections", ctypes.c_int), ("seekable", ctypes.c_int)]
+
+
+def _libsndfile() -> ctypes.CDLL:
+    lib = ctypes.CDLL("libsndfile.so.1")
+    lib.sf_open.restype = ctypes.c_void_p
+    lib.sf_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(SFInfo)]
+    lib.sf_readf_short.restype = ctypes.c_int64
+    lib.sf_readf_short.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    lib.sf_close.argtypes = [ctypes.c_void_p]
+    lib.sf_strerror.restype = ctypes.c_char_p
+    lib.sf_strerror.argtypes = [ctypes.c_void_p]
+    return lib
+
+
+def read_audio(path: str | Path) -> tuple[np.ndarray, int]:
+    """Any file libsndfile reads (WAV, FLAC, Ogg/Opus, Ogg/Vorbis) as int16 mono and its rate."""
+    lib = _libsndfile()
+    info = SFInfo()
+    handle = lib.sf_open(str(path).encode(), SFM_READ, ctypes.byref(info))
+    if not handle:
+        raise OSError(f"{path}: {lib.sf_strerror(None).decode()}")
+    try:
+        parts, block = [], np.empty((16384, info.channels), dtype=np.int16)
+        while (n := lib.sf_readf_short(handle, block.ctypes.data, block.shape[0])) > 0:
+            parts.append(block[:n].copy())
+    finally:
+        lib.sf_close(handle)
+    pcm = np.concatenate(parts) if parts else np.zeros((0, info.channels), dtype=np.int16)
+    return pcm.mean(axis=1).round().astype(np.int16) if info.channels > 1 else pcm[:, 0], info.samplerate
+
+
+def read_rows(manifest: Path) -> list[dict[str, Any]]:
+    """A manifest's rows (a partly written last line, from a job still running, is skipped)."""
+    rows = []
+    for line in manifest.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def select(rows: list[dict[str, Any]], folder: Path, budget: int, apart: set[str]
+           ) -> list[dict[str, Any]]:
+    """Rows in order while their files fit in `budget` bytes; rows sharing a 6-gram with `apart`
+    (hashes) are dropped."""
+    out, used = [], 0
+    for row in rows:
+        if apart and not ngrams.hashes(row["text"]).isdisjoint(apart):
+            continue
+        path = folder / row["audio"]
+        if not path.exists():
+            continue
+        size = path.stat().st_size
+        if used + size > budget:
+            break
+        out.append(row)
+        used += size
+    return out
+
+
+def pack(sets: list[Path], out: Path, max_bytes: int, held_apart: list[Path]) -> dict[str, int]:
+    """Pack the sets, in the order given, into one tar.xz whose audio files sum to at most
+    `max_bytes` (the tar.xz comes out ~10 % smaller: xz saves more on the Ogg pages than the tar
+    headers cost); return the utterances packed per set."""
+    apart = {h for p in held_apart for s in p.read_text().splitlines() for h in ngrams.hashes(s)}
+    counts: dict[str, int] = {}
+    left = max_bytes
+    sets = [f for f in sets if (f / "manifest.jsonl").exists()]  # a set not begun yet is left out
+    with tarfile.open(out, "w:xz", preset=1) as tar:
+        for folder in sets:
+            rows = select(read_rows(folder / "manifest.jsonl"), folder, left,
+                          apart if folder.name == "train" else set())
+            for row in rows:
+                tar.add(folder / row["audio"], f"{folder.name}/{row['audio']}")
+                left -= (folder / row["audio"]).stat().st_size
+            data = "".join(json.dumps(r) + "\n" for r in rows).encode()
+            info = tarfile.TarInfo(f"{folder.name}/manifest.jsonl")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+            counts[folder.name] = len(rows)
+    return counts
+
+
+def _decode(args: tuple[Path, Path, dict[str, Any]]) -> dict[str, Any] | None:
+    src, dst, row = args
+    try:
+        pcm, rate = read_audio(src / row["audio"])
+    except OSError:
+        return None
+    if rate != 16000 or pcm.size == 0:
+        return None
+    wav = str(Path(row["audio"]).with_suffix(".wav"))
+    write_wav(dst / wav, pcm.astype(np.float32) / 32767)
+    return {**row, "audio": wav, "duration": round(pcm.size / rate, 3)}
+
+
+def unpack(pack_path: Path, out: Path, workers: int) -> dict[str, int]:
+    """Extract a pack under OUT/packed and decode each set to OUT/SET (WAV + manifest.jsonl)."""
+    packed = out / "packed"
+    packed.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(pack_path, "r:xz") as tar:
+        tar.extractall(packed, filter="data")
+    counts = {}
+    for folder in sorted(p for p in packed.iterdir() if (p / "manifest.jsonl").exists()):
+        rows = read_rows(folder / "manifest.jsonl")
+        with multiprocessing.Pool(workers) as pool:
+            done = [r for r in pool.map(_decode, [(folder, out / folder.name, r) for r in rows],
+                                        chunksize=64) if r]
+        (out / folder.name / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in done))
+        counts[folder.name] = len(done)
+    return counts
+
+
+def merge(manifests: list[str], out: Path, seed: int = 0) -> int:
+    """Manifests (`PATH` or `PATH*N` for N copies of its rows) into OUT with absolute audio paths,
+    shuffled by `seed`; return the row count."""
+    rows = []
+    for spec in manifests:
+        path, _, times = spec.rpartition("*") if "*" in spec else (spec, "", "1")
+        m = Path(path).resolve()
+        rows += [{**r, "audio": str(m.parent / r["audio"])} for r in read_rows(m)] * int(times)
+    random.Random(seed).shuffle(rows)
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return len(rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("pack")
+    p.add_argument("sets", type=Path, nargs="+", help="folders with manifest.jsonl")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--max-mib", type=float, default=15.0)
+    p.add_argument("--held-apart", type=Path, nargs="*", default=[], help="dev/eval text files")
+    u = sub.add_parser("unpack")
+    u.add_argument("--pack", type=Path, required=True)
+    u.add_argument("--out", type=Path, required=True)
+    u.add_argument("--workers", type=int, default=multiprocessing.cpu_count())
+    m = sub.add_parser("merge")
+    m.add_argument("manifests", nargs="+", help="PATH or PATH*N (its rows N times)")
+    m.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    if args.cmd == "pack":
+        counts = pack(args.sets, args.out, int(args.max_mib * 2**20), args.held_apart)
+        print(json.dumps({"utterances": counts, "bytes": args.out.stat().st_size}))
+    elif args.cmd == "unpack":
+        print(json.dumps({"utterances": unpack(args.pack, args.out, args.workers)}))
+    else:
+        print(json.dumps({"utterances": merge(args.manifests, args.out)}))
+
+
+if __name__ == "__main__":
+    main()
