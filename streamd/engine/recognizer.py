@@ -20,6 +20,7 @@ from streamd.audio.features import logmel_many
 from streamd.decoding.graphs import GraphGreedyLabelLooping
 from streamd.decoding.greedy import GreedyLabelLooping
 from streamd.decoding.state import DecoderState
+from streamd.engine.encoder_step import EAGER, EncoderStep, make_encoder_step
 from streamd.engine.stream import ChunkGeometry, Stream
 from streamd.model.encoder import EncoderCache
 from streamd.model.transducer import Transducer
@@ -27,6 +28,11 @@ from streamd.model.transducer import Transducer
 
 Decoder = GreedyLabelLooping | GraphGreedyLabelLooping
 DecoderFactory = Callable[[Transducer], Decoder]
+EncoderFactory = Callable[[Transducer], EncoderStep]
+
+
+def eager_encoder(model: Transducer) -> EncoderStep:
+    return make_encoder_step(model, EAGER)
 
 
 class CapacityError(RuntimeError):
@@ -46,12 +52,14 @@ class ChunkResult:
 
 
 class Recognizer:
-    """Owns the slot state; the model and decoder are passed in and never moved here."""
+    """Owns the slot state; the model, decoder and encoder step (factories of the model) are
+    passed in and never moved here."""
 
     def __init__(self, model: Transducer, capacity: int, right_context: int | None = None,
-                 decoder_factory: DecoderFactory = GreedyLabelLooping.for_model) -> None:
-        self.capacity, self.decoder_factory = capacity, decoder_factory
-        self.model, self.decoder = model, decoder_factory(model)
+                 decoder_factory: DecoderFactory = GreedyLabelLooping.for_model,
+                 encoder_factory: EncoderFactory = eager_encoder) -> None:
+        self.capacity, self.decoder_factory, self.encoder_factory = capacity, decoder_factory, encoder_factory
+        self.model, self.decoder, self.encoder_step = model, decoder_factory(model), encoder_factory(model)
         if right_context is not None:
             model.encoder.set_att_context((model.encoder.att_context[0], right_context))
         self.geometry = ChunkGeometry(model.encoder.att_context[1])
@@ -67,7 +75,7 @@ class Recognizer:
         target); slot state follows it at the next `state_tensors()`, copied into `staged`
         (buffers already allocated at the new placement, see `migration.stage_cache`) if given."""
         model.encoder.set_att_context(self.model.encoder.att_context)
-        self.model, self.decoder = model, self.decoder_factory(model)
+        self.model, self.decoder, self.encoder_step = model, self.decoder_factory(model), self.encoder_factory(model)
         self._staged = staged
 
     @property
@@ -118,18 +126,13 @@ class Recognizer:
         for (s, _), frames in zip(pending, logmel_many(self._logmel, [seg for _, seg in pending])):
             s.add_frames(frames)
         windows = [s.take_window() for s in streams]
-        mel = torch.from_numpy(np.stack([w.mel for w in windows])).to(device)
+        mel = torch.from_numpy(np.stack([w.mel for w in windows]))
         meta = torch.tensor([[w.length for w in windows], [w.start for w in windows],
                              [s.slot for s in streams]], device=device)
         lengths, start, rows = meta[0], meta[1], meta[2]
-        sub = EncoderCache(cache.channel.index_select(1, rows), cache.time.index_select(1, rows),
-                           cache.channel_len.index_select(0, rows))
         full = all(w.start == 0 and w.length == mel.shape[2] for w in windows)
-        enc, enc_len, sub = self.model.encoder.streaming_forward(mel, lengths, sub, start=start, full=full)
+        enc, enc_len = self.encoder_step(cache, rows, mel, lengths, start, full)
         hyps, new_dec = self.decoder(enc, enc_len, dec.index_select(rows))
-        cache.channel.index_copy_(1, rows, sub.channel)
-        cache.time.index_copy_(1, rows, sub.time)
-        cache.channel_len.index_copy_(0, rows, sub.channel_len)
         dec.index_copy_(rows, new_dec)
         return self._results(streams, hyps.to_lists(), enc_len.tolist())
 

@@ -84,7 +84,8 @@ class ConformerEncoder(nn.Module):
 
     def streaming_forward(self, mel: Tensor, lengths: Tensor, cache: EncoderCache,
                           drop_extra: int = DROP_EXTRA_PRE_ENCODED, start: Tensor | None = None,
-                          full: bool = False) -> tuple[Tensor, Tensor, EncoderCache]:
+                          full: bool = False, out: EncoderCache | None = None
+                          ) -> tuple[Tensor, Tensor, EncoderCache]:
         """One cache-aware step.
 
         Args:
@@ -97,6 +98,8 @@ class ConformerEncoder(nn.Module):
                 padding of the offline pass. None = all exist.
             full: the caller knows that every row is complete (start all 0, lengths all T_in),
                 which spares the subsampling's masking.
+            out: buffers (same shapes as `cache`, not overlapping it) to write the next cache
+                into; returned as the next cache. None = fresh tensors.
         Returns: (B, T_out, d), (B,) valid output frames, the next cache.
         """
         x, lengths = self.pre_encode(mel.to(self._dtype), lengths, start, full)
@@ -112,8 +115,13 @@ class ConformerEncoder(nn.Module):
             x, ch, tm = layer(x, pos, att_mask, pad_mask, cache.channel[i], cache.time[i])
             channels.append(ch)
             times.append(tm)
-        nxt = EncoderCache(torch.stack(channels), torch.stack(times), (cache.channel_len + t).clamp(max=c))
-        return x, lengths, nxt
+        if out is None:
+            nxt = EncoderCache(torch.stack(channels), torch.stack(times), (cache.channel_len + t).clamp(max=c))
+            return x, lengths, nxt
+        torch.stack(channels, out=out.channel)
+        torch.stack(times, out=out.time)
+        torch.clamp(cache.channel_len + t, max=c, out=out.channel_len)
+        return x, lengths, out
 
     @property
     def _dtype(self) -> torch.dtype:

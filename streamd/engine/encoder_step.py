@@ -1,0 +1,402 @@
+"""The encoder step over the batched slot state: eager, or replayed from CUDA graphs per bucket.
+
+`EncoderStep` runs one cache-aware encoder step for the streams whose slots are `rows`: it
+gathers their cache rows, encodes, and writes their next caches back in place.
+
+- eager: index_select, `ConformerEncoder.streaming_forward`, index_copy_ (on the CPU, when graphs
+  are off, while the model is training, or for a bucket whose capture failed);
+- graphs: a step of b streams replays the graph captured for its bucket, the smallest bucket
+  size >= b (`bucket_size`: 1, 2, 4, 8, then `per_octave` sizes per octave, so padding stays
+  under 1/per_octave). A replay launches the whole encoder at once: at small and mid batches the
+  eager step is bound by launching its hundreds of kernels, not by the GPU.
+
+Static buffers. All buckets share one set of flat buffers (mel, lengths, start, gather index,
+input cache, next cache, encoder output), sized for the largest bucket so far and grown by
+doubling; a bucket of n rows uses the first elements of each, viewed as a contiguous tensor of n
+rows. All graphs share one private memory pool. Both are safe because buckets never run at
+once and a replay's outputs are copied out before the next replay. Of a bucket's n rows, the b
+real ones are copied in; the padded rows gather a copy of the first real stream's cache and
+keep earlier mel, length and start values (finite: zeros or an earlier real step's). Every
+operation of the encoder is row-wise (per-row masks, per-row attention, channel-wise norms), so
+padded rows never reach real ones, and only real rows are copied back.
+
+Validity, as for the decoder (`streamd.decoding.graphs`): graphs are bound to memory addresses.
+Before every call the step compares an `EncoderGraphKey` (device, parameter dtype, data_ptr of
+every encoder parameter and buffer, attention context, mel window shape) with the one the graphs
+were captured for; on any difference it drops every graph, the static buffers and the pool,
+and captures again lazily, bucket by bucket, as buckets are used. Nothing device-specific
+exists before the first call, so a plain `model.to(...)` (another GPU, bf16, the CPU and back)
+needs no notification. An in-place weight update keeps the storage, and the graphs read the new
+values. A capture that fails (out of memory, a kernel that cannot be captured) logs a warning
+and calls `on_fallback`; that bucket then runs eagerly until the key changes. Serving never
+breaks on it.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from streamd.model.encoder import DROP_EXTRA_PRE_ENCODED, ConformerEncoder, EncoderCache
+
+log = logging.getLogger("streamd.engine")
+
+GRAPHS, EAGER = "graphs", "eager"
+REQUESTS = ("auto", GRAPHS, EAGER)
+DEFAULT_PER_OCTAVE = 8
+MIN_STATIC_ROWS = 64  # the static buffers' first size: small batches then never regrow them
+FallbackObserver = Callable[[str], None]  # (reason)
+
+
+def bucket_size(b: int, per_octave: int = DEFAULT_PER_OCTAVE) -> int:
+    """The smallest bucket >= b (b >= 1): powers of two up to `per_octave` (a power of two), then
+    `per_octave` evenly spaced sizes per octave, e.g. with 8: ... 8, 9, ..., 16, 18, ..., 32,
+    36, ..., 2048, 2304, 2560, ... The padding is less than b / per_octave."""
+    if b <= per_octave:
+        return 1 << (b - 1).bit_length()
+    step = (1 << ((b - 1).bit_length() - 1)) // per_octave
+    return -(-b // step) * step
+
+
+@dataclass(frozen=True)
+class EncoderGraphKey:
+    """What captured graphs and static buffers are valid for."""
+
+    device: torch.device
+    dtype: torch.dtype
+    weights: tuple[int, ...]  # data_ptr() of every encoder parameter and buffer
+    att_context: tuple[int, int]
+    window: tuple[int, int]  # (n_mels, W) of the mel input
+
+    def changes_from(self, old: EncoderGraphKey | None) -> str:
+        """Why graphs captured for `old` cannot serve `self` ('' when they can)."""
+        if old is None:
+            return "first call"
+        why = []
+        if old.device != self.device:
+            why.append(f"device {old.device} -> {self.device}")
+        if old.dtype != self.dtype:
+            why.append(f"dtype {old.dtype} -> {self.dtype}")
+        if old.weights != self.weights:
+            why.append("weight storage replaced")
+        if old.att_context != self.att_context:
+            why.append(f"attention context {list(old.att_context)} -> {list(self.att_context)}")
+        if old.window != self.window:
+            why.append(f"mel window {old.window} -> {self.window}")
+        return ", ".join(why)
+
+
+class EncoderGraphBackend:
+    """Turns the encoder step into CUDA graphs. The CPU tests swap in a fake with this interface
+    whose "graphs" call the step function."""
+
+    warmup_runs = 2
+
+    def supports(self, device: torch.device) -> bool:
+        return device.type == "cuda"
+
+    def new_pool(self, device: torch.device) -> Any:
+        with torch.cuda.device(device):
+            return torch.cuda.graph_pool_handle()
+
+    def capture(self, device: torch.device, fn: Callable[[], None], pool: Any) -> Any:
+        """Warm `fn` up on a side stream of `device`, then capture it into a graph in `pool`."""
+        with torch.cuda.device(device):
+            stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream):
+                for _ in range(self.warmup_runs):
+                    fn()
+            torch.cuda.current_stream(device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
+                fn()
+        return graph
+
+    def release(self, device: torch.device) -> None:
+        """Give dropped graphs' pool and buffers back to the driver."""
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
+@dataclass
+class _Views:
+    """One bucket's n-row views of the static buffers."""
+
+    mel: Tensor  # (n, n_mels, W) fp32
+    lengths: Tensor  # (n,) int64
+    start: Tensor  # (n,) int64
+    rows: Tensor  # (n,) int64: the gather index (slot of each row)
+    cache: EncoderCache  # the gathered input cache: (L, n, C, d), (L, n, d, K-1), (n,)
+    out: EncoderCache  # the next cache, same shapes
+    enc: Tensor  # (n, T_out, d)
+    enc_len: Tensor  # (n,) int64
+
+
+class _Static:
+    """Flat buffers for up to `capacity` rows; `views(n)` are contiguous views of their fronts."""
+
+    def __init__(self, encoder: ConformerEncoder, key: EncoderGraphKey, capacity: int) -> None:
+        d, dev, dt = encoder.dims, key.device, key.dtype
+        n_mels, w = key.window
+        t_out = w
+        for _ in range(3):  # the subsampling's three causal stride-2 stages
+            t_out = t_out // 2 + 1
+        t_out -= DROP_EXTRA_PRE_ENCODED
+        self.capacity = capacity
+        self.shapes: dict[str, tuple[int, ...]] = {  # per row
+            "mel": (n_mels, w), "channel": (d.n_layers, encoder.cache_frames, d.d_model),
+            "time": (d.n_layers, d.d_model, d.conv_kernel - 1), "enc": (t_out, d.d_model), "row": ()}
+
+        def flat(what: str, dtype: torch.dtype) -> Tensor:
+            per_row = 1
+            for s in self.shapes[what]:
+                per_row *= s
+            return torch.zeros(capacity * per_row, device=dev, dtype=dtype)
+
+        self.mel = flat("mel", torch.float32)
+        self.lengths, self.start, self.rows = (flat("row", torch.long) for _ in range(3))
+        self.channel_in, self.channel_out = flat("channel", dt), flat("channel", dt)
+        self.time_in, self.time_out = flat("time", dt), flat("time", dt)
+        self.len_in, self.len_out = flat("row", torch.long), flat("row", torch.long)
+        self.enc, self.enc_len = flat("enc", dt), flat("row", torch.long)
+
+    def views(self, n: int) -> _Views:
+        sh = self.shapes
+        (layers, c, dm), (_, _, k) = sh["channel"], sh["time"]
+        return _Views(
+            _front(self.mel, (n, *sh["mel"])), self.lengths[:n], self.start[:n], self.rows[:n],
+            EncoderCache(_front(self.channel_in, (layers, n, c, dm)), _front(self.time_in, (layers, n, dm, k)),
+                         self.len_in[:n]),
+            EncoderCache(_front(self.channel_out, (layers, n, c, dm)), _front(self.time_out, (layers, n, dm, k)),
+                         self.len_out[:n]),
+            _front(self.enc, (n, *sh["enc"])), self.enc_len[:n])
+
+
+def _front(flat: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """The first elements of `flat` viewed as a contiguous tensor of `shape`."""
+    numel = 1
+    for s in shape:
+        numel *= s
+    return flat[:numel].view(shape)
+
+
+@dataclass
+class _Bucket:
+    graph: Any
+    views: _Views
+
+
+class EncoderStep:
+    """One encoder step over slot state, eager or from CUDA graphs (see the module docstring).
+
+    Args: encoder: the model's encoder (read at every call, never moved here). mode: 'auto' or
+    'graphs' (graphs wherever the backend supports the device), or 'eager' (never capture).
+    max_batch: the most rows a call will have (the engine's slot capacity), which caps the static
+    buffers' growth; None = no cap. per_octave: bucket sizes per octave (a power of two).
+    on_fallback: called with the reason when a capture fails. backend: how graphs are made
+    (tests replace it).
+    """
+
+    def __init__(self, encoder: ConformerEncoder, mode: str = "auto", *, max_batch: int | None = None,
+                 per_octave: int = DEFAULT_PER_OCTAVE, on_fallback: FallbackObserver | None = None,
+                 backend: EncoderGraphBackend | None = None) -> None:
+        if mode not in REQUESTS:
+            raise ValueError(f"encoder graph mode must be one of {REQUESTS}, not {mode!r}")
+        if per_octave < 1 or per_octave & (per_octave - 1):
+            raise ValueError(f"per_octave must be a power of two, not {per_octave}")
+        self.encoder, self.requested = encoder, mode
+        self.max_batch, self.per_octave = max_batch, per_octave
+        self.on_fallback = on_fallback
+        self.backend = backend if backend is not None else EncoderGraphBackend()
+        self._key: EncoderGraphKey | None = None
+        self._static: _Static | None = None
+        self._pool: Any = None
+        self._buckets: dict[int, _Bucket] = {}
+        self._failed: set[int] = set()  # bucket sizes whose capture failed under `_key`
+        self._mode = EAGER
+        self.rebuilds = 0  # key changes that dropped captured graphs or set up the first ones
+        self.captures = 0
+        self.fallbacks = 0
+        self.last_rebuild_reason = ""
+        self.last_capture_ms = 0.0
+        self.fallback_reason: str | None = None
+
+    # -- public ------------------------------------------------------------------------------
+    @property
+    def mode(self) -> str:
+        """How the last call ran: 'graphs' or 'eager'."""
+        return self._mode
+
+    @property
+    def key(self) -> EncoderGraphKey | None:
+        """The key the current graphs are valid for (None: nothing set up)."""
+        return self._key
+
+    @property
+    def buckets(self) -> list[int]:
+        """Bucket sizes with a captured graph."""
+        return sorted(self._buckets)
+
+    @property
+    def static_rows(self) -> int:
+        """Rows the static buffers hold (0: none allocated)."""
+        return self._static.capacity if self._static is not None else 0
+
+    def current_key(self, mel: Tensor) -> EncoderGraphKey:
+        """The key for the encoder as it is now and a mel input (b, n_mels, W)."""
+        e = self.encoder
+        w = e.pre_encode.out.weight
+        ptrs = tuple(t.data_ptr() for t in (*e.parameters(), *e.buffers()))
+        return EncoderGraphKey(w.device, w.dtype, ptrs, e.att_context, (int(mel.shape[1]), int(mel.shape[2])))
+
+    def reset(self) -> None:
+        """Drop graphs and buffers now; the next call captures again."""
+        self._drop()
+        self._key = None
+        self._failed.clear()
+        self._mode = EAGER
+
+    @torch.no_grad()
+    def __call__(self, cache: EncoderCache, rows: Tensor, mel: Tensor, lengths: Tensor, start: Tensor,
+                 full: bool = False) -> tuple[Tensor, Tensor]:
+        """Encode one chunk of b streams and update their caches in place.
+
+        Args:
+            cache: the slot state on the model's device and dtype, (L, S, C, d), (L, S, d, K-1), (S,).
+            rows: (b,) int64 slot of each stream, on the model's device.
+            mel: (b, n_mels, W) fp32 windows, on any device; lengths, start: (b,) int64 on the
+                model's device (as for `ConformerEncoder.streaming_forward`).
+            full: every row is complete (start 0, length W): the eager path skips the masks.
+        Returns: enc (b, T_out, d) and enc_len (b,), fresh tensors on the model's device.
+        """
+        b = int(rows.shape[0])
+        device = cache.channel.device
+        bucket = None
+        if self.requested != EAGER and b > 0 and not self.encoder.training and self.backend.supports(device):
+            bucket = self._bucket_for(b, mel)
+        if bucket is None:
+            self._mode = EAGER
+            return self._eager(cache, rows, mel, lengths, start, full)
+        self._mode = GRAPHS
+        return self._replay(bucket, cache, rows, mel, lengths, start)
+
+    # -- the two paths -----------------------------------------------------------------------
+    def _eager(self, cache: EncoderCache, rows: Tensor, mel: Tensor, lengths: Tensor, start: Tensor,
+               full: bool) -> tuple[Tensor, Tensor]:
+        sub = EncoderCache(cache.channel.index_select(1, rows), cache.time.index_select(1, rows),
+                           cache.channel_len.index_select(0, rows))
+        enc, enc_len, nxt = self.encoder.streaming_forward(mel.to(cache.channel.device), lengths, sub,
+                                                           start=start, full=full)
+        _scatter(cache, rows, nxt)
+        return enc, enc_len
+
+    def _replay(self, bucket: _Bucket, cache: EncoderCache, rows: Tensor, mel: Tensor, lengths: Tensor,
+                start: Tensor) -> tuple[Tensor, Tensor]:
+        v, b = bucket.views, int(rows.shape[0])
+        n = v.rows.shape[0]
+        v.mel[:b].copy_(mel)
+        v.lengths[:b].copy_(lengths)
+        v.start[:b].copy_(start)
+        v.rows[:b].copy_(rows)
+        if n > b:
+            v.rows[b:].copy_(rows[:1].expand(n - b))
+        torch.index_select(cache.channel, 1, v.rows, out=v.cache.channel)
+        torch.index_select(cache.time, 1, v.rows, out=v.cache.time)
+        torch.index_select(cache.channel_len, 0, v.rows, out=v.cache.channel_len)
+        bucket.graph.replay()
+        _scatter(cache, rows, EncoderCache(v.out.channel[:, :b], v.out.time[:, :b], v.out.channel_len[:b]))
+        return v.enc[:b].clone(), v.enc_len[:b].clone()
+
+    # -- graphs ------------------------------------------------------------------------------
+    def _bucket_for(self, b: int, mel: Tensor) -> _Bucket | None:
+        key = self.current_key(mel)
+        why = key.changes_from(self._key)
+        if why:
+            self._drop()
+            self._key, self._failed = key, set()
+            self.rebuilds += 1
+            self.last_rebuild_reason = why
+        size = bucket_size(b, self.per_octave)
+        if size in self._failed:
+            return None
+        bucket = self._buckets.get(size)
+        return bucket if bucket is not None else self._capture(key, size)
+
+    def _capture(self, key: EncoderGraphKey, size: int) -> _Bucket | None:
+        t0 = time.perf_counter()
+        try:
+            with _plain(key.device):
+                if self._static is None or self._static.capacity < size:
+                    self._grow(key, size)
+                assert self._static is not None
+                views = self._static.views(size)
+                graph = self.backend.capture(key.device, partial(self._body, views), self._pool)
+        except Exception as e:  # noqa: BLE001 - no graph for this bucket: it runs eagerly
+            self._failed.add(size)
+            self.fallbacks += 1
+            self.fallback_reason = (f"CUDA graph capture failed for batch {size} "
+                                    f"({type(e).__name__}: {e}); encoding that batch size eagerly")
+            log.warning("encoder: %s", self.fallback_reason)
+            if self.on_fallback is not None:
+                self.on_fallback(self.fallback_reason)
+            return None
+        bucket = self._buckets[size] = _Bucket(graph, views)
+        self.captures += 1
+        self.last_capture_ms = (time.perf_counter() - t0) * 1e3
+        log.info("encoder: captured batch %d on %s %s in %.0f ms (%s; %d buckets)", size, key.device,
+                 str(key.dtype).removeprefix("torch."), self.last_capture_ms, self.last_rebuild_reason,
+                 len(self._buckets))
+        return bucket
+
+    def _grow(self, key: EncoderGraphKey, size: int) -> None:
+        """Static buffers for at least `size` rows: the next power of two (at least
+        MIN_STATIC_ROWS), capped at max_batch's bucket. Graphs read the old buffers, so all are
+        dropped (and captured again on use)."""
+        rows = max(MIN_STATIC_ROWS, 1 << (size - 1).bit_length())
+        if self.max_batch is not None:
+            rows = max(size, min(rows, bucket_size(self.max_batch, self.per_octave)))
+        self._drop()
+        self._static = _Static(self.encoder, key, rows)
+        self._pool = self.backend.new_pool(key.device)
+
+    def _body(self, v: _Views) -> None:
+        """What a graph runs: the encoder on the static buffers, outputs into static buffers."""
+        x, x_len, _ = self.encoder.streaming_forward(v.mel, v.lengths, v.cache, start=v.start, out=v.out)
+        v.enc.copy_(x)
+        v.enc_len.copy_(x_len)
+
+    def _drop(self) -> None:
+        """Release every graph, the pool and the static buffers."""
+        had = bool(self._buckets) or self._static is not None
+        self._buckets.clear()
+        self._static = self._pool = None
+        if had and self._key is not None and self.backend.supports(self._key.device):
+            self.backend.release(self._key.device)
+
+
+def _scatter(cache: EncoderCache, rows: Tensor, nxt: EncoderCache) -> None:
+    cache.channel.index_copy_(1, rows, nxt.channel)
+    cache.time.index_copy_(1, rows, nxt.time)
+    cache.channel_len.index_copy_(0, rows, nxt.channel_len)
+
+
+@contextmanager
+def _plain(device: torch.device) -> Iterator[None]:
+    """Static buffers and capture: ordinary tensors even under a caller's inference mode (they
+    are updated in place later), no autograd, no autocast (the graph runs the weights' dtype)."""
+    with torch.inference_mode(False), torch.no_grad(), torch.autocast(device.type, enabled=False):
+        yield
+
+
+def make_encoder_step(model: Any, mode: str = "auto", max_batch: int | None = None,
+                      on_fallback: FallbackObserver | None = None) -> EncoderStep:
+    """The encoder step for a `Transducer`: mode 'auto' | 'graphs' (capture on CUDA) | 'eager'."""
+    return EncoderStep(model.encoder, mode, max_batch=max_batch, on_fallback=on_fallback)

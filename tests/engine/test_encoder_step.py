@@ -1,0 +1,333 @@
+"""The encoder step's CUDA-graph bookkeeping, on the CPU: capture is replaced by a fake backend
+whose "graphs" call the captured step function on the static buffers, so everything but the CUDA
+calls (buckets, keys, lazy re-capture, static buffers, padding, copy-in and copy-out, fallbacks)
+runs here and is compared with the eager step."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import random_model, run_streams, synthetic_audio
+from streamd.decoding.greedy import GreedyLabelLooping
+from streamd.engine.encoder_step import (EAGER, GRAPHS, EncoderGraphBackend, EncoderGraphKey, EncoderStep,
+                                         bucket_size)
+from streamd.engine.recognizer import Recognizer
+from streamd.engine.stream import ChunkGeometry
+from streamd.model.encoder import EncoderCache
+from streamd.model.transducer import Transducer
+
+CONTEXT = ((16, 3),)
+
+
+class FakeGraph:
+    def __init__(self, backend: FakeBackend, fn: Any) -> None:
+        self.backend, self.fn, self.views = backend, fn, fn.args[0]
+
+    def replay(self) -> None:
+        self.backend.replays += 1
+        p = self.backend.poison_from
+        if p is not None:  # garbage in every padded row: it must not reach the real ones
+            v = self.views
+            for t in (v.mel, v.cache.channel.transpose(0, 1), v.cache.time.transpose(0, 1)):
+                t[p:] = float("nan")
+            v.lengths[p:], v.start[p:], v.cache.channel_len[p:] = 7, 8, 3
+        self.fn()
+
+
+class FakeBackend(EncoderGraphBackend):
+    """Graphs for the CPU: capture warms up once and returns a graph that calls the function."""
+
+    def __init__(self, fail_sizes: tuple[int, ...] = ()) -> None:
+        self.captures: list[int] = []  # bucket sizes, in capture order
+        self.releases = 0
+        self.replays = 0
+        self.fail_sizes = fail_sizes
+        self.poison_from: int | None = None
+
+    def supports(self, device: torch.device) -> bool:
+        return True
+
+    def new_pool(self, device: torch.device) -> Any:
+        return None
+
+    def capture(self, device: torch.device, fn: Any, pool: Any) -> FakeGraph:
+        size = int(fn.args[0].rows.shape[0])
+        if size in self.fail_sizes:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        fn()
+        self.captures.append(size)
+        return FakeGraph(self, fn)
+
+    def release(self, device: torch.device) -> None:
+        self.releases += 1
+
+
+def model(seed: int = 3) -> Transducer:
+    return random_model(seed, att_context_sizes=CONTEXT)
+
+
+def graph_step(m: Transducer, backend: Any = None, **kw: Any) -> EncoderStep:
+    return EncoderStep(m.encoder, "graphs", backend=backend if backend is not None else FakeBackend(), **kw)
+
+
+def inputs(m: Transducer, b: int, rng: np.random.Generator, ragged: bool = True
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
+    """b random windows: mel (b, n_mels, W); some rows start late (a stream's first step) or end
+    early (its last)."""
+    w = ChunkGeometry(m.encoder.att_context[1]).window
+    mel = torch.from_numpy(rng.standard_normal((b, m.dims.features.n_mels, w)).astype(np.float32))
+    start = np.where(rng.random(b) < 0.3, rng.choice([8, 16], b), 0) if ragged else np.zeros(b, dtype=np.int64)
+    lengths = np.where(rng.random(b) < 0.3, rng.integers(start + 1, w + 1), w) if ragged else np.full(b, w)
+    full = bool((start == 0).all() and (lengths == w).all())
+    return mel, torch.from_numpy(lengths).long(), torch.from_numpy(start).long(), full
+
+
+def simulate(steps: list[EncoderStep], m: Transducer, slots: int, chunks: int, seed: int,
+             sizes: tuple[int, ...] | None = None, between: Any = None
+             ) -> tuple[list[list[tuple[torch.Tensor, torch.Tensor]]], list[EncoderCache]]:
+    """Each step function keeps its own slot state; every chunk encodes a random subset of the
+    slots (in random order) or `sizes[chunk]` of them. Returns each one's outputs per chunk and
+    its final slot state."""
+    rng = np.random.default_rng(seed)
+    caches = [m.encoder.init_cache(slots, m.device, m.dtype) for _ in steps]
+    outs: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in steps]
+    for chunk in range(chunks):
+        if between is not None:
+            between(chunk)
+        b = sizes[chunk] if sizes is not None else int(rng.integers(1, slots + 1))
+        rows = torch.from_numpy(rng.permutation(slots)[:b]).to(m.device)
+        mel, lengths, start, full = inputs(m, b, rng, ragged=chunk % 3 != 0)
+        for k, (step, cache) in enumerate(zip(steps, caches)):
+            if cache.channel.dtype != m.dtype:
+                caches[k] = cache = cache.to(m.device, m.dtype)
+            enc, enc_len = step(cache, rows, mel, lengths, start, full)
+            outs[k].append((enc, enc_len))
+    return outs, caches
+
+
+def assert_same(a: tuple[list, list[EncoderCache]], b: tuple[list, list[EncoderCache]], k: int = 1) -> None:
+    """Outputs and slot state of step function 0 of `a` against step function `k` of `b`."""
+    (outs_a, caches_a), (outs_b, caches_b) = a, b
+    assert len(outs_a[0]) == len(outs_b[k])
+    for (ea, la), (eb, lb) in zip(outs_a[0], outs_b[k]):
+        assert torch.equal(la, lb)
+        torch.testing.assert_close(ea, eb, rtol=1e-5, atol=1e-5)
+    ca, cb = caches_a[0], caches_b[k]
+    assert torch.equal(ca.channel_len, cb.channel_len)
+    torch.testing.assert_close(ca.channel, cb.channel, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ca.time, cb.time, rtol=1e-5, atol=1e-5)
+
+
+# -- buckets and keys --------------------------------------------------------------------------
+def test_bucket_sizes() -> None:
+    assert [bucket_size(b) for b in (1, 2, 3, 5, 8, 9, 16, 17, 19, 2048, 2049, 2400, 6500)] == \
+        [1, 2, 4, 8, 8, 9, 16, 18, 20, 2048, 2304, 2560, 6656]
+    assert [bucket_size(b, 1) for b in (1, 3, 5, 100)] == [1, 4, 8, 128]
+    for per_octave in (1, 4, 8, 16):
+        sizes = [bucket_size(b, per_octave) for b in range(1, 5000)]
+        assert all(s >= b for b, s in enumerate(sizes, 1)) and sizes == sorted(sizes)
+        assert all((s - b) * per_octave < b for b, s in enumerate(sizes, 1) if b > per_octave)
+        assert all(bucket_size(s, per_octave) == s for s in sizes)
+    with pytest.raises(ValueError):
+        EncoderStep(model().encoder, per_octave=6)
+    with pytest.raises(ValueError):
+        EncoderStep(model().encoder, mode="fast")
+
+
+def _key(**kw: Any) -> EncoderGraphKey:
+    base: dict[str, Any] = {"device": torch.device("cuda", 0), "dtype": torch.float32, "weights": (1, 2),
+                            "att_context": (70, 13), "window": (80, 121)}
+    base.update(kw)
+    return EncoderGraphKey(**base)
+
+
+def test_key_changes_name_every_difference() -> None:
+    k = _key()
+    assert k.changes_from(_key()) == "" and k.changes_from(None) == "first call"
+    assert "device cuda:1 -> cuda:0" in k.changes_from(_key(device=torch.device("cuda", 1)))
+    assert "dtype torch.bfloat16 -> torch.float32" in k.changes_from(_key(dtype=torch.bfloat16))
+    assert "weight storage replaced" in k.changes_from(_key(weights=(1, 3)))
+    assert "attention context [70, 1] -> [70, 13]" in k.changes_from(_key(att_context=(70, 1)))
+    assert "mel window (80, 25) -> (80, 121)" in k.changes_from(_key(window=(80, 25)))
+
+
+def test_current_key_reads_the_model() -> None:
+    m = model()
+    step = graph_step(m)
+    mel = torch.zeros(2, m.dims.features.n_mels, 41)
+    k = step.current_key(mel)
+    assert (k.device, k.dtype, k.att_context, k.window) == (torch.device("cpu"), torch.float32, (16, 3),
+                                                            (m.dims.features.n_mels, 41))
+    assert k.weights == tuple(t.data_ptr() for t in (*m.encoder.parameters(), *m.encoder.buffers()))
+    m.to(torch.bfloat16)
+    k2 = step.current_key(mel)
+    assert k2.dtype == torch.bfloat16 and k2.weights != k.weights
+
+
+# -- capture, reuse, parity --------------------------------------------------------------------
+def test_nothing_before_the_first_call_then_one_capture_per_bucket() -> None:
+    m, be = model(), FakeBackend()
+    step = graph_step(m, be)
+    assert step.key is None and step.static_rows == 0 and step.mode == EAGER
+    simulate([step], m, slots=12, chunks=10, seed=0, sizes=(5, 6, 7, 8, 5, 3, 9, 12, 3, 8))
+    assert be.captures == [8, 4, 9, 12] and be.replays == 10 and step.mode == GRAPHS
+    assert step.buckets == [4, 8, 9, 12] and step.static_rows == 64
+    assert step.rebuilds == 1 and step.last_rebuild_reason == "first call"
+
+
+@pytest.mark.parametrize("per_octave", [1, 8])
+def test_fake_graphs_equal_eager_with_ragged_windows_and_random_rows(per_octave: int) -> None:
+    m = model()
+    eager = EncoderStep(m.encoder, EAGER)
+    graphs = graph_step(m, per_octave=per_octave)
+    got = simulate([eager, graphs], m, slots=23, chunks=24, seed=1)
+    assert_same(got, got)
+    assert graphs.mode == GRAPHS and eager.mode == EAGER and eager.key is None
+
+
+def test_padded_rows_never_reach_real_rows() -> None:
+    m, be = model(), FakeBackend()
+    graphs, eager = graph_step(m, be), EncoderStep(m.encoder, EAGER)
+    sizes = (5, 3, 19, 1, 7, 33, 2)
+    want = simulate([eager], m, slots=33, chunks=len(sizes), seed=2, sizes=sizes)
+
+    def poison(chunk: int) -> None:
+        be.poison_from = sizes[chunk]
+
+    got = simulate([graphs], m, slots=33, chunks=len(sizes), seed=2, sizes=sizes, between=poison)
+    assert_same(want, got, k=0)
+    assert all(torch.isfinite(e).all() for e, _ in got[0][0])
+    assert be.captures == [8, 4, 20, 1, 36, 2] and be.replays == len(sizes)
+
+
+def test_outputs_are_fresh_tensors() -> None:
+    m = model()
+    step = graph_step(m)
+    rng = np.random.default_rng(0)
+    cache = m.encoder.init_cache(4, m.device, m.dtype)
+    enc, enc_len = step(cache, torch.tensor([2, 0, 3]), *inputs(m, 3, rng))
+    static = step._static
+    assert enc.shape == (3, 4, m.dims.d_model) and enc_len.shape == (3,)
+    for t in (enc, enc_len):
+        for buf in (static.enc, static.enc_len, static.channel_out):
+            assert t.untyped_storage().data_ptr() != buf.untyped_storage().data_ptr()
+
+
+def test_recognizer_with_fake_graphs_equals_eager_across_dtype_moves() -> None:
+    """Tokens through the whole pipeline, streams joining and leaving, the model cast to bf16 and
+    back between steps (no notification): each cast re-captures."""
+    audios = [synthetic_audio(s, i) for i, s in enumerate([0.6, 2.2, 1.4, 1.9, 1.1])]
+    starts = [0, 2, 3, 9, 4]
+
+    def run(make: Any) -> list:
+        m = model()  # fresh: the bf16 trip rounds the weights
+        moves = {6: lambda: m.to(torch.bfloat16), 14: lambda: m.to(torch.float32)}
+        dec = GreedyLabelLooping(m.decoder, m.joint, m.dims.blank_id)
+        return run_streams(m, dec, audios, starts, events=moves, encoder=make(m))[0]
+
+    be = FakeBackend()
+    steps: list[EncoderStep] = []
+    want = run(lambda m: EncoderStep(m.encoder, EAGER))
+    got = run(lambda m: steps.append(graph_step(m, be)) or steps[-1])
+    assert got == want and sum(len(t) for t, _ in want) > 0
+    step = steps[0]
+    assert step.rebuilds == 3 and step.key is not None and step.key.dtype == torch.float32
+    assert "dtype torch.bfloat16 -> torch.float32" in step.last_rebuild_reason
+    assert be.releases == 2 and be.replays > 10
+
+
+# -- rebuilds ----------------------------------------------------------------------------------
+def test_replaced_weight_storage_recaptures_and_in_place_updates_do_not() -> None:
+    m, other = model(3), model(5)
+    be = FakeBackend()
+    eager, graphs = EncoderStep(m.encoder, EAGER), graph_step(m, be)
+
+    def swap(chunk: int) -> None:
+        if chunk == 4:
+            m.load_state_dict(other.state_dict())  # in place: same storage, new values
+        if chunk == 8:
+            m.load_state_dict(model(7).state_dict(), assign=True)
+
+    got = simulate([eager, graphs], m, slots=6, chunks=12, seed=3, sizes=(6,) * 12, between=swap)
+    assert_same(got, got)
+    assert be.captures == [8, 8] and graphs.rebuilds == 2
+    assert graphs.last_rebuild_reason == "weight storage replaced"
+
+
+def test_static_buffers_grow_by_doubling_up_to_max_batch() -> None:
+    m, be = model(), FakeBackend()
+    step = graph_step(m, be, max_batch=300)
+    simulate([step], m, slots=300, chunks=5, seed=4, sizes=(3, 5, 70, 130, 300))
+    assert step.static_rows == 320 and be.captures == [4, 8, 72, 144, 320]
+    assert be.releases == 3  # each growth dropped the graphs of the smaller buffers
+    assert step.buckets == [320]
+
+
+def test_reset_drops_everything() -> None:
+    m, be = model(), FakeBackend()
+    step = graph_step(m, be)
+    simulate([step], m, slots=4, chunks=2, seed=5, sizes=(3, 4))
+    step.reset()
+    assert step.key is None and step.buckets == [] and step.static_rows == 0 and be.releases == 1
+    simulate([step], m, slots=4, chunks=1, seed=5, sizes=(3,))
+    assert be.captures == [4, 4]
+
+
+# -- fallbacks ---------------------------------------------------------------------------------
+def test_failed_capture_runs_that_bucket_eagerly_until_the_key_changes(caplog: pytest.LogCaptureFixture) -> None:
+    m = model()
+    be, reasons = FakeBackend(fail_sizes=(8,)), []
+    eager, graphs = EncoderStep(m.encoder, EAGER), graph_step(m, be, on_fallback=reasons.append)
+    sizes = (7, 3, 8, 5, 4)
+    with caplog.at_level(logging.WARNING, "streamd.engine"):
+        got = simulate([eager, graphs], m, slots=8, chunks=len(sizes), seed=6, sizes=sizes)
+    assert_same(got, got)
+    assert be.captures == [4] and graphs.buckets == [4] and graphs.fallbacks == 1
+    assert len(reasons) == 1 and "capture failed for batch 8" in reasons[0] and "capture failed" in caplog.text
+    graphs(m.encoder.init_cache(8, m.device, m.dtype), torch.arange(6), *inputs(m, 6, np.random.default_rng(0)))
+    assert graphs.mode == EAGER and graphs.fallbacks == 1  # not tried again
+    m.to(torch.float64)
+    be.fail_sizes = ()
+    simulate([graphs], m, slots=8, chunks=1, seed=6, sizes=(6,))
+    assert be.captures == [4, 8] and graphs.mode == GRAPHS  # a new key is tried again
+
+
+def test_eager_requests_the_cpu_and_training_never_capture() -> None:
+    m = model()
+    be = FakeBackend()
+    cpu_real = EncoderStep(m.encoder, "auto")  # the real backend: no graphs on the CPU
+    never = EncoderStep(m.encoder, EAGER, backend=be)
+    eager = EncoderStep(m.encoder, EAGER)
+    got = simulate([eager, cpu_real, never], m, slots=5, chunks=6, seed=7)
+    assert_same(got, got, k=1)
+    assert_same(got, got, k=2)
+    assert be.captures == [] and cpu_real.key is None and cpu_real.mode == EAGER
+    m.train()
+    training = graph_step(m, be)
+    simulate([training], m, slots=3, chunks=2, seed=7)
+    assert be.captures == [] and training.mode == EAGER
+
+
+def test_a_callers_inference_mode_and_autocast_do_not_reach_the_buffers() -> None:
+    m = model()
+    step = graph_step(m)
+    rng = np.random.default_rng(8)
+    cache = m.encoder.init_cache(4, m.device, m.dtype)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        step(cache, torch.tensor([0, 1]), *inputs(m, 2, rng))
+    static = step._static
+    assert static is not None and not static.channel_in.is_inference() and static.enc.dtype == torch.float32
+    step(cache, torch.tensor([2, 3]), *inputs(m, 2, rng))  # buffers made in inference mode would refuse this
+
+
+def test_recognizer_makes_an_encoder_step_per_model() -> None:
+    m = model()
+    made: list[EncoderStep] = []
+    rec = Recognizer(m, capacity=2, encoder_factory=lambda mm: made.append(graph_step(mm)) or made[-1])
+    target = model()
+    rec.use_model(target)
+    assert [s.encoder for s in made] == [m.encoder, target.encoder] and rec.encoder_step is made[1]
