@@ -71,7 +71,7 @@ def _add_admin(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--token-file", help="file with the bearer token (with --url)")
     p.add_argument("--json", action="store_true", help="print the full JSON answer")
     cmds = p.add_subparsers(dest="admin_command", required=True)
-    cmds.add_parser("status", help="device, dtype, streams, capacity, decoder mode, last migration")
+    cmds.add_parser("status", help="device, dtype, streams, capacity, encoder and decoder modes, last migration")
     cmds.add_parser("drain", help="stop taking new streams; live ones continue")
     m = cmds.add_parser("migrate", help="move the serving model to another device and/or dtype")
     m.add_argument("--device", help="cpu, cuda, cuda:N (default: unchanged)")

@@ -122,6 +122,7 @@ class EngineConfig:
     right_context: int | None = None
     batch_wait_ms: int = 10
     gil_switch_ms: float = 0.5
+    cuda_graphs: str = "on"
 
     def __post_init__(self) -> None:
         for key, normalize in (("device", normalize_device), ("dtype", normalize_dtype)):
@@ -134,6 +135,7 @@ class EngineConfig:
         _require(0 <= self.batch_wait_ms <= 1000, "engine.batch_wait_ms", "must be in 0..1000", self.batch_wait_ms)
         _require(0.01 <= self.gil_switch_ms <= 100, "engine.gil_switch_ms", "must be in 0.01..100",
                  self.gil_switch_ms)
+        _require(self.cuda_graphs in ("on", "off"), "engine.cuda_graphs", "must be on or off", self.cuda_graphs)
 
     @property
     def torch_dtype(self) -> str:
@@ -312,6 +314,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("engine", "batch_wait_ms", _to_int, "how long a decode step waits for more streams"),
     Setting("engine", "gil_switch_ms", _to_float,
             "Python's thread switch interval: the longest the engine waits for the GIL per torch call"),
+    Setting("engine", "cuda_graphs", _to_str,
+            "on: encoder and decoder steps replay CUDA graphs on a GPU; off: always eager"),
     Setting("endpointing", "silence_after_speech_ms", _to_int,
             "end an utterance after this much silence following speech (0 = off)"),
     Setting("endpointing", "silence_without_speech_ms", _to_int,

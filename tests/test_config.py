@@ -148,6 +148,7 @@ def test_optional_values_can_be_cleared_with_empty_string() -> None:
     (("--max-message-bytes", "10"), {}, r"max_message_bytes must be at least 1024"),
     (("--batch-wait-ms", "5000"), {}, r"engine\.batch_wait_ms must be in 0\.\.1000"),
     (("--right-context", "-1"), {}, r"engine\.right_context must not be negative"),
+    (("--cuda-graphs", "maybe"), {}, r"engine\.cuda_graphs must be on or off"),
     (("--silence-after-speech-ms", "-5"), {}, r"endpointing\.silence_after_speech_ms must be in"),
     (("--log-level", "loud"), {}, r"log\.level must be one of"),
     (("--log-format", "xml"), {}, r"log\.format must be text or json"),

@@ -107,17 +107,23 @@ class EncoderGraphBackend:
             return torch.cuda.graph_pool_handle()
 
     def capture(self, device: torch.device, fn: Callable[[], None], pool: Any) -> Any:
-        """Warm `fn` up on a side stream of `device`, then capture it into a graph in `pool`."""
+        """Warm `fn` up on a side stream of `device`, then capture it into a graph in `pool`.
+        Whatever fails, the caller's current stream is current again afterwards (a capture that
+        fails inside `torch.cuda.graph` can leave the side stream current)."""
         with torch.cuda.device(device):
+            caller = torch.cuda.current_stream(device)
             stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-            stream.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(stream):
-                for _ in range(self.warmup_runs):
+            try:
+                stream.wait_stream(caller)
+                with torch.cuda.stream(stream):
+                    for _ in range(self.warmup_runs):
+                        fn()
+                caller.wait_stream(stream)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
                     fn()
-            torch.cuda.current_stream(device).wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
-                fn()
+            finally:
+                torch.cuda.set_stream(caller)
         return graph
 
     def release(self, device: torch.device) -> None:

@@ -55,6 +55,7 @@ class Control:
         return {"model": self.state.model_name, "device": self.state.device, "dtype": self.state.dtype,
                 "streams": len(self.state.live), "capacity": rec.capacity,
                 "chunk_ms": rec.geometry.chunk_ms, "decoder": getattr(rec.decoder, "mode", "eager"),
+                "encoder": rec.encoder_step.mode,
                 "draining": self.state.draining, "shutting_down": self.state.shutdown.is_set(),
                 "last_migration": self.last_migration.as_dict() if self.last_migration else None}
 

@@ -18,7 +18,8 @@ from websockets.http11 import Request, Response
 
 from streamd import systemd
 from streamd.config import Config
-from streamd.decoding.graphs import make_decoder
+from streamd.decoding.graphs import EAGER, make_decoder
+from streamd.engine.encoder_step import make_encoder_step
 from streamd.engine.migration import prepare
 from streamd.engine.placement import DTYPE_NAMES, parse_device, parse_dtype
 from streamd.engine.recognizer import Recognizer
@@ -51,8 +52,14 @@ def build_state(cfg: Config, metrics: Metrics) -> ServerState:
     if e.right_context is not None:
         loaded.model.encoder.set_att_context((loaded.model.encoder.att_context[0], e.right_context))
     capacity = cfg.server.max_streams
+    mode = "auto" if e.cuda_graphs == "on" else EAGER
+
+    def graph_fallback(reason: str) -> None:
+        metrics.graph_fallbacks.inc()
+
     rec = Recognizer(prepare(loaded.model, device, dtype), capacity,
-                     decoder_factory=lambda m: make_decoder(m, max_batch=capacity))
+                     decoder_factory=lambda m: make_decoder(m, mode, max_batch=capacity),
+                     encoder_factory=lambda m: make_encoder_step(m, mode, capacity, graph_fallback))
     chunk_s = rec.geometry.chunk_ms / 1000
 
     def on_step(seconds: float, batch: int) -> None:

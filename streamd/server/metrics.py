@@ -82,6 +82,9 @@ class Metrics:
                                registry=r)
         self.migrations = Counter("migrations", "Live migrations by result.", ["result"],
                                   namespace=ns, registry=r)
+        self.graph_fallbacks = Counter(
+            "cuda_graph_fallbacks", "CUDA graph captures that failed (that batch size runs eagerly).",
+            namespace=ns, registry=r)
         self.migration_pause = Histogram(
             "migration_pause_seconds", "Time streams were paused during a migration.",
             namespace=ns, registry=r, buckets=_PAUSE_BUCKETS)

@@ -76,14 +76,15 @@ def graph_step(m: Transducer, backend: Any = None, **kw: Any) -> EncoderStep:
 
 def inputs(m: Transducer, b: int, rng: np.random.Generator, ragged: bool = True
            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
-    """b random windows: mel (b, n_mels, W); some rows start late (a stream's first step) or end
+    """b random windows: mel (b, n_mels, W) on the CPU, lengths and start (b,) on the model's
+    device (as the recognizer passes them); some rows start late (a stream's first step) or end
     early (its last)."""
     w = ChunkGeometry(m.encoder.att_context[1]).window
     mel = torch.from_numpy(rng.standard_normal((b, m.dims.features.n_mels, w)).astype(np.float32))
     start = np.where(rng.random(b) < 0.3, rng.choice([8, 16], b), 0) if ragged else np.zeros(b, dtype=np.int64)
     lengths = np.where(rng.random(b) < 0.3, rng.integers(start + 1, w + 1), w) if ragged else np.full(b, w)
     full = bool((start == 0).all() and (lengths == w).all())
-    return mel, torch.from_numpy(lengths).long(), torch.from_numpy(start).long(), full
+    return mel, torch.from_numpy(lengths).long().to(m.device), torch.from_numpy(start).long().to(m.device), full
 
 
 def simulate(steps: list[EncoderStep], m: Transducer, slots: int, chunks: int, seed: int,

@@ -18,7 +18,7 @@ def test_expected_series_exist_at_zero() -> None:
                  "streamd_decode_step_seconds_count", "streamd_batch_size_count",
                  "streamd_batch_wait_seconds_count", "streamd_partial_latency_seconds_count",
                  "streamd_final_latency_seconds_count", "streamd_realtime_factor",
-                 "streamd_migration_pause_seconds_count"):
+                 "streamd_migration_pause_seconds_count", "streamd_cuda_graph_fallbacks_total"):
         assert got[(name, ())] == 0.0, name
     for reason in REJECTION_REASONS:
         assert got[("streamd_connections_rejected_total", (("reason", reason),))] == 0.0

@@ -48,6 +48,7 @@ def test_migrations_mid_stream_lose_nothing(tmp_path: Path) -> None:
             mixed, _ = await streams_with_migrations(sock, url, ["bf16", "fp32", "bf16", "fp32"])
             status, body = await admin(sock, "GET", "/v1/status")
             assert body["dtype"] == "fp32" and body["last_migration"]["ok"]
+            assert body["encoder"] == "eager" and body["decoder"] == "eager"  # graphs on, but on the CPU
             for run in (same, mixed):
                 for t in run:
                     assert t.close_code == 1000 and t.messages[-1]["type"] == "summary"
