@@ -2,7 +2,11 @@
 # Everything that needs a GPU, in one call on the device machine (results under $OUT or ./gpu-out):
 # the `cuda`-marked tests, the decoder benchmark, the live-migration benchmark and the load test.
 # Carries: .whl (websockets, soxr wheels for the image's Python; see README "GPU runs").
-#   bash scripts/gpu_suite.sh [tests|bench|all]
+#   bash scripts/gpu_suite.sh [tests|bench|all|capacity]
+# `capacity` (about 6.5 minutes, 4 files): the encoder-step `cuda` tests, then
+# scripts/bench_capacity.py (engine-only vs daemon end-to-end capacity of a random FastConformer-L,
+# 160 and 1120 ms chunks, bf16, graphs on; graphs off and fp32 as its time budget allows:
+# CAPACITY_BUDGET_S, default 300).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
@@ -30,5 +34,10 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   python3 scripts/load.py --model "${LOAD_MODEL:-streamd/assets/default-model.pt}" --device cuda --dtype bf16 \
     --start 16 --max-streams 1024 --client-procs 8 --seconds 20 --json "$OUT/load.json" ${LOAD_WAVS:-} \
     2>&1 | tee "$OUT/load.log" || status=1
+fi
+if [ "$what" = capacity ]; then
+  timeout 150 python3 -m pytest -q -m cuda -p no:cacheprovider tests/engine 2>&1 | tee "$OUT/cuda-tests.log" || status=1
+  timeout $(( ${CAPACITY_BUDGET_S:-300} + 120 )) python3 scripts/bench_capacity.py --budget-s "${CAPACITY_BUDGET_S:-300}" \
+    --out "$OUT/capacity.json" 2>&1 | tee "$OUT/capacity.log" || status=1
 fi
 exit $status

@@ -1,0 +1,427 @@
+#!/usr/bin/env python3
+"""Capacity: streams kept real time by the bare engine step and by the daemon end to end, side by
+side in one run, per chunk size, dtype and CUDA graphs on/off.
+
+* engine: one `Recognizer` (the daemon's encoder and decoder step factories) steps N streams
+  that all have a chunk ready, in this process; N is kept real time when the median step (audio
+  in, features, encoder, decoder, results: synchronised, as every step reads its labels back)
+  takes at most one chunk. N doubles from `--engine-start`, then bisects.
+* daemon: `scripts/load.py`'s method: a real `streamd serve` on the same model, placement and
+  chunk, and real websocket clients in `--client-procs` processes sending audio in real time; a
+  level of N streams passes when every stream kept up and the p95 partial and final latencies
+  are at most chunk + `--slack-s` (0.25 s). Levels start at `--daemon-first` x the engine's
+  capacity, then go up to it or bisect down. Each level reports the clients' CPU use (and cores),
+  and the daemon's.
+
+Every part is time-boxed: the plan's items run in order while `--budget-s` lasts, each within its
+own cap, so that one GPU call covers the important ones (160 and 1120 ms chunks, bf16, engine
+and daemon) and adds the rest (graphs off, fp32) when time allows. Prints a table, writes JSON.
+
+The model is a random FastConformer-L sized hybrid (114 M parameters, `bench_migration.make_model`)
+unless `--model` is given.
+
+    python scripts/bench_capacity.py --out capacity.json
+    python scripts/bench_capacity.py --plan engine:1120:bf16:on,daemon:1120:bf16:on --budget-s 120
+    python scripts/bench_capacity.py --device cpu --model M.nemo --plan engine:1120:fp32:on --engine-start 16
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import load  # noqa: E402  (scripts/load.py: the daemon load test's machinery)
+
+CHUNK_RC = {80: 0, 160: 1, 560: 6, 1120: 13}  # chunk ms -> right context
+DEFAULT_PLAN = ("engine:160:bf16:on,daemon:160:bf16:on,engine:1120:bf16:on,daemon:1120:bf16:on,"
+                "engine:160:bf16:off,engine:1120:bf16:off,engine:160:fp32:on,engine:1120:fp32:on,"
+                "daemon:160:fp32:on,daemon:1120:fp32:on")
+
+
+@dataclass(frozen=True)
+class Item:
+    """One plan item: what to measure (engine or daemon) for one configuration."""
+
+    part: str
+    chunk_ms: int
+    dtype: str
+    graphs: str
+
+    @classmethod
+    def parse(cls, text: str) -> Item:
+        part, chunk, dtype, graphs = text.split(":")
+        if part not in ("engine", "daemon") or int(chunk) not in CHUNK_RC or graphs not in ("on", "off"):
+            raise ValueError(f"bad plan item {text!r}: PART:CHUNK_MS:DTYPE:on|off, PART engine|daemon, "
+                             f"CHUNK_MS one of {sorted(CHUNK_RC)}")
+        return cls(part, int(chunk), dtype, graphs)
+
+    @property
+    def config(self) -> tuple[int, str, str]:
+        return self.chunk_ms, self.dtype, self.graphs
+
+    def __str__(self) -> str:
+        return f"{self.part} {self.chunk_ms} ms {self.dtype} graphs {self.graphs}"
+
+
+# -- engine only -------------------------------------------------------------------------------
+
+def per_stream_bytes(model: Any) -> int:
+    """Slot state of one stream (encoder caches) at the model's dtype."""
+    d = model.dims
+    elems = d.n_layers * (model.encoder.cache_frames * d.d_model + d.d_model * (d.conv_kernel - 1))
+    return int(elems * model.encoder.pre_encode.out.weight.element_size())
+
+
+def engine_capacity(model_path: Path, item: Item, args: argparse.Namespace, seconds: float) -> dict[str, Any]:
+    """Largest N whose median engine step over N ready streams takes at most one chunk."""
+    import torch
+
+    from streamd.decoding.graphs import EAGER, make_decoder
+    from streamd.engine.encoder_step import make_encoder_step
+    from streamd.engine.migration import prepare
+    from streamd.engine.placement import parse_device, parse_dtype
+    from streamd.engine.recognizer import Recognizer
+    from streamd.model.checkpoint import load_model
+
+    t_begin = time.monotonic()
+    deadline = t_begin + seconds
+    device = parse_device(args.device)
+    loaded = load_model(model_path)
+    left = loaded.model.encoder.att_context[0]
+    model = prepare(loaded.model, device, parse_dtype(item.dtype), att_context=(left, CHUNK_RC[item.chunk_ms]))
+    del loaded
+    max_n = args.engine_max
+    if device.type == "cuda":  # slot state + the encoder's static inputs and outputs, with room
+        free, _ = torch.cuda.mem_get_info(device)
+        max_n = min(max_n, int(0.6 * free / (3.5 * per_stream_bytes(model))))
+    mode = "auto" if item.graphs == "on" else EAGER
+    rec = Recognizer(model, capacity=max_n, decoder_factory=lambda m: make_decoder(m, mode, max_batch=max_n),
+                     encoder_factory=lambda m: make_encoder_step(m, mode, max_n))
+    chunk_s = rec.geometry.chunk_ms / 1000
+    hop = 160  # samples per mel frame at 16 kHz
+    rng = np.random.default_rng(0)
+    tone = np.frombuffer(load.tone_bursts(seconds=20.0).pcm, dtype="<i2").astype(np.float32) / 32768
+    streams: list[Any] = []
+    offsets: list[int] = []
+    chunk = hop * 8 * (rec.geometry.right + 1)
+
+    def feed(s: Any, k: int) -> None:
+        start = offsets[k] % (tone.size - chunk)
+        s.push_audio(tone[start: start + chunk])
+        offsets[k] += chunk
+
+    def probe(n: int) -> dict[str, Any]:
+        while len(streams) < n:
+            s = rec.open()
+            s.push_audio(tone[:hop * 50])  # half a second ahead: every step has a full chunk
+            streams.append(s)
+            offsets.append(int(rng.integers(0, tone.size)))
+        while len(streams) > n:
+            rec.close(streams.pop())
+            offsets.pop()
+        times: list[float] = []
+        warm = 2  # the first captures this batch size's graphs
+        steps = warm + (3 if n >= 2048 else 5)
+        for _ in range(steps):
+            for k, s in enumerate(streams):
+                feed(s, k)
+            assert all(s.ready for s in streams)
+            t0 = time.perf_counter()
+            rec.step(streams)
+            times.append(time.perf_counter() - t0)
+            if time.monotonic() > deadline and len(times) > warm:
+                break
+        measured = times[warm:] or times[-1:]
+        step = statistics.median(measured)
+        row = {"streams": n, "step_s": round(step, 4), "step_max_s": round(max(measured), 4),
+               "first_step_s": round(times[0], 4), "steps": len(measured), "passed": step <= chunk_s,
+               "encoder": rec.encoder_step.mode, "decoder": getattr(rec.decoder, "mode", "eager")}
+        print(f"  engine {n:6d} streams: step {step:.3f} s (max {max(measured):.3f}, first {times[0]:.3f}) "
+              f"{'ok' if row['passed'] else 'too slow'} [{row['encoder']}/{row['decoder']}]", flush=True)
+        return row
+
+    probes: list[dict[str, Any]] = []
+    best, worst = 0, None
+    n = min(args.engine_start, max_n)
+    try:
+        while time.monotonic() < deadline:  # up by doubling, or down by halving if the first fails
+            row = probe(n)
+            probes.append(row)
+            if row["passed"]:
+                best = n
+                if worst is not None or n >= max_n:
+                    break
+                n = min(2 * n, max_n)
+            else:
+                worst = n
+                if best or n <= 16:
+                    break
+                n //= 2
+        for _ in range(args.engine_refine):  # bisect, in steps of 64 streams (16 below 1024)
+            if worst is None or time.monotonic() > deadline:
+                break
+            grain = 64 if best >= 1024 else 16
+            n = (best + worst) // 2 // grain * grain
+            if n <= best:
+                break
+            row = probe(n)
+            probes.append(row)
+            best, worst = (n, worst) if row["passed"] else (best, n)
+        enc = rec.encoder_step
+        result = {"capacity": best, "first_failing": worst, "max_tried_limit": max_n, "chunk_s": chunk_s,
+                  "probes": probes, "encoder_buckets": enc.buckets, "encoder_fallbacks": enc.fallbacks,
+                  "encoder_last_capture_ms": round(enc.last_capture_ms, 1),
+                  "bounded_by_time": time.monotonic() > deadline, "wall_s": round(time.monotonic() - t_begin, 1)}
+        if device.type == "cuda":
+            result["peak_gpu_mem_gb"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+        return result
+    finally:
+        streams.clear()
+        del rec, model
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+
+
+# -- daemon end to end -------------------------------------------------------------------------
+
+def client_worker(url: str, indices: list[int], audios: list[load.Audio], seconds: float, send_s: float,
+                  start_at: float, ramp_s: float) -> tuple[list[dict[str, Any]], float]:
+    """One client process's share of a level: (stream stats, CPU seconds this process used)."""
+    c0 = time.process_time()
+    stats = load._worker(url, indices, audios, seconds, send_s, start_at, ramp_s)
+    return stats, time.process_time() - c0
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_level(url: str, n: int, audios: list[load.Audio], args: argparse.Namespace, pool: ProcessPoolExecutor,
+              daemon_pid: int) -> dict[str, Any]:
+    """load.py's level (N real-time streams), plus the CPU used by the clients and the daemon."""
+    load.wait_idle(url)
+    before = load.scrape(url)
+    send_s = args.send_ms / 1000
+    start_at = time.time() + 1.0
+    procs = min(args.client_procs, n)
+    shares = [list(range(p, n, procs)) for p in range(procs)]
+    t0, d0 = time.monotonic(), process_cpu_s(daemon_pid)
+    futures = [pool.submit(client_worker, url, s, audios, args.seconds, send_s, start_at, args.ramp_s)
+               for s in shares]
+    results = [f.result() for f in futures]
+    wall, daemon_cpu = time.monotonic() - t0, process_cpu_s(daemon_pid) - d0
+    stats = [load.StreamStats(**d) for r in results for d in r[0]]
+    client_cpu = sum(r[1] for r in results)
+    after = load.scrape(url)
+    level = load.summarize(n, stats, before, after, args)
+    level["load_generator"] = {"processes": procs, "cpu_s": round(client_cpu, 1), "wall_s": round(wall, 1),
+                               "cores_used": round(client_cpu / wall, 2),
+                               "max_process_cores": round(max(r[1] for r in results) / wall, 2)}
+    level["daemon_cpu"] = {"cpu_s": round(daemon_cpu, 1), "cores_used": round(daemon_cpu / wall, 2)}
+    return level
+
+
+def print_level(level: dict[str, Any]) -> None:
+    lg, dc = level["load_generator"], level["daemon_cpu"]
+    load.print_row(level)
+    print(f"          clients: {lg['processes']} processes, {lg['cores_used']} cores "
+          f"(busiest {lg['max_process_cores']}); daemon {dc['cores_used']} cores", flush=True)
+
+
+def daemon_capacity(model_path: Path, item: Item, guess: int, args: argparse.Namespace, seconds: float
+                    ) -> dict[str, Any]:
+    """Levels of real-time streams through a real daemon, around the engine's capacity `guess`."""
+    t_begin = time.monotonic()
+    deadline = t_begin + seconds
+    first = max(16, int(args.daemon_first * guess) // 16 * 16)
+    top = max(first, guess)
+    daemon = load.Daemon(str(model_path), args.device, item.dtype, top + 64,
+                         ["--right-context", str(CHUNK_RC[item.chunk_ms]), "--cuda-graphs", item.graphs])
+    audios = [load.tone_bursts(seed=s) for s in range(4)]
+    ns = argparse.Namespace(**vars(args))
+    pool = ProcessPoolExecutor(args.client_procs, mp_context=get_context("spawn"))
+    levels: list[dict[str, Any]] = []
+    best, worst = 0, None
+    try:
+        url = daemon.wait_serving(timeout=max(30.0, deadline - time.monotonic()))
+        probe = asyncio.run(load.run_stream(url, 0, audios[0], load.looped(audios[0], 2.0), 2.0,
+                                                 args.send_ms / 1000, time.time()))
+        if probe.ready is None or probe.ready.get("type") != "ready":
+            raise RuntimeError(f"probe stream failed: {probe.error}")
+        chunk_s = probe.ready["chunk_ms"] / 1000
+        ns.max_latency_s = chunk_s + args.slack_s
+        warm = argparse.Namespace(**{**vars(ns), "seconds": args.warmup_s})
+        print(f"  daemon {url}: warm-up level of {first} streams for {args.warmup_s:g} s (not counted)", flush=True)
+        warmup = run_level(url, first, audios, warm, pool, daemon.proc.pid)
+        print(f"  {load.HEADER}", flush=True)
+        n = first
+        level_cost = args.seconds + args.ramp_s + 8
+        while time.monotonic() + level_cost < deadline and len(levels) < args.daemon_levels:
+            level = run_level(url, n, audios, ns, pool, daemon.proc.pid)
+            levels.append(level)
+            print_level(level)
+            if level["passed"]:
+                best = n
+                if worst is None and n >= top:
+                    break  # as many as the engine alone keeps real time
+                nxt = top if worst is None else (best + worst) // 2
+            else:
+                worst = n
+                nxt = (best + worst) // 2 if best else n // 2
+            nxt = nxt // 16 * 16
+            if nxt < 16 or nxt == n or any(lv["streams"] == nxt for lv in levels) or abs(nxt - n) < 0.05 * n:
+                break
+            n = nxt
+        return {"capacity": best, "first_failing": worst, "max_latency_s": ns.max_latency_s, "levels": levels,
+                "warmup_level": warmup, "bounded_by_time": time.monotonic() + level_cost >= deadline,
+                "wall_s": round(time.monotonic() - t_begin, 1)}
+    finally:
+        pool.shutdown()
+        code = daemon.stop()
+        if code not in (0, None):
+            print(f"  daemon exit code {code}; last log lines:\n    " + "\n    ".join(daemon.log), flush=True)
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+def build_model(args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
+    if args.model:
+        return Path(args.model), {"path": args.model}
+    from bench_migration import make_model
+
+    path = Path(tempfile.mkdtemp()) / "fastconformer-l-random.pt"
+    t0 = time.monotonic()
+    make_model(path, vocab=1024)
+    from streamd.model.checkpoint import load_model
+
+    m = load_model(path).model
+    return path, {"path": "random FastConformer-L (bench_migration.make_model)",
+                  "parameters": sum(p.numel() for p in m.parameters()), "dims": m.dims.to_dict(),
+                  "build_s": round(time.monotonic() - t0, 1)}
+
+
+def raise_fd_limit() -> None:
+    """Thousands of sockets: the daemon and the client processes inherit the raised limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def summary_table(items: list[dict[str, Any]]) -> str:
+    configs: dict[tuple[int, str, str], dict[str, Any]] = {}
+    for r in items:
+        configs.setdefault((r["chunk_ms"], r["dtype"], r["graphs"]), {})[r["part"]] = r
+    lines = ["chunk  dtype graphs |   engine streams (step s) |  daemon streams (p95 partial s, clients: procs/cores) | daemon/engine"]
+    for (chunk, dtype, graphs), parts in configs.items():
+        e, d = parts.get("engine"), parts.get("daemon")
+        e_txt = d_txt = "-"
+        if e and "capacity" in e:
+            at = next((p for p in e["probes"] if p["streams"] == e["capacity"]), None)
+            e_txt = f"{e['capacity']}{'+' if e['first_failing'] is None else ''} ({at['step_s']:.3f})" if at else "0"
+        if d and "capacity" in d:
+            at = next((lv for lv in d["levels"] if lv["streams"] == d["capacity"]), None)
+            d_txt = (f"{d['capacity']} ({at['partial_latency_s']['p95']:.2f}, {at['load_generator']['processes']}/"
+                     f"{at['load_generator']['cores_used']})" if at else "0")
+        ratio = (f"{d['capacity'] / e['capacity']:.2f}" if e and d and e.get("capacity") and "capacity" in d else "-")
+        lines.append(f"{chunk:5d}  {dtype:5s} {graphs:6s} | {e_txt:>25s} | {d_txt:>52s} | {ratio:>13s}")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", help="model file (default: build a random FastConformer-L)")
+    p.add_argument("--device", default="cuda", help="device for the engine and the daemon (default: cuda)")
+    p.add_argument("--plan", default=DEFAULT_PLAN, help="items PART:CHUNK_MS:DTYPE:GRAPHS, in priority order")
+    p.add_argument("--budget-s", type=float, default=330, help="time for the whole plan (default: 330)")
+    p.add_argument("--engine-cap-s", type=float, default=45, help="most time for one engine item (default: 45)")
+    p.add_argument("--daemon-cap-s", type=float, default=95, help="most time for one daemon item (default: 95)")
+    p.add_argument("--engine-start", type=int, default=512, help="first engine level (default: 512)")
+    p.add_argument("--engine-max", type=int, default=16384, help="largest engine level (default: 16384)")
+    p.add_argument("--engine-refine", type=int, default=3, help="engine bisection steps (default: 3)")
+    p.add_argument("--daemon-first", type=float, default=0.8,
+                   help="first daemon level, as a fraction of the engine's capacity (default: 0.8)")
+    p.add_argument("--daemon-levels", type=int, default=3, help="most daemon levels per item (default: 3)")
+    p.add_argument("--daemon-guess", type=int, default=1024,
+                   help="engine capacity assumed when the plan has no engine result for a daemon item")
+    p.add_argument("--seconds", type=float, default=8.0, help="audio per stream and daemon level (default: 8)")
+    p.add_argument("--warmup-s", type=float, default=3.0, help="audio per stream of the uncounted first level")
+    p.add_argument("--ramp-s", type=float, default=3.0, help="stream starts spread over this long (default: 3)")
+    p.add_argument("--send-ms", type=int, default=100, help="audio per client message (default: 100)")
+    p.add_argument("--slack-s", type=float, default=0.25, help="latency limit = chunk + this (default: 0.25)")
+    p.add_argument("--max-send-late-s", type=float, default=0.25, help="client lateness that voids a level")
+    p.add_argument("--client-procs", type=int, default=max(1, min(12, (os.cpu_count() or 4) - 4)),
+                   help="client processes (default: cores - 4, at most 12)")
+    p.add_argument("--out", type=Path, default=Path("capacity.json"))
+    args = p.parse_args(argv)
+    args.items = [Item.parse(t) for t in args.plan.split(",") if t]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    raise_fd_limit()
+    t_begin = time.monotonic()
+    deadline = t_begin + args.budget_s
+    report: dict[str, Any] = {"machine": load.machine_info(), "args": {k: str(v) for k, v in vars(args).items()}}
+    model_path, report["model"] = build_model(args)
+    print(f"model: {report['model'].get('parameters', model_path)} parameters; plan: "
+          f"{', '.join(map(str, args.items))}; budget {args.budget_s:g} s", flush=True)
+    results: list[dict[str, Any]] = []
+    report["items"] = results
+    for item in args.items:
+        left = deadline - time.monotonic()
+        cap = args.engine_cap_s if item.part == "engine" else args.daemon_cap_s
+        need = 12 if item.part == "engine" else args.seconds + args.ramp_s + args.warmup_s + 30
+        row: dict[str, Any] = {"part": item.part, "chunk_ms": item.chunk_ms, "dtype": item.dtype,
+                               "graphs": item.graphs}
+        if left < need:
+            row["skipped"] = f"out of time ({left:.0f} s left)"
+            results.append(row)
+            print(f"{item}: skipped, {left:.0f} s left", flush=True)
+            continue
+        print(f"{item}: up to {min(cap, left):.0f} s", flush=True)
+        try:
+            if item.part == "engine":
+                row.update(engine_capacity(model_path, item, args, min(cap, left)))
+            else:
+                engine = next((r for r in results if r["part"] == "engine" and r.get("capacity")
+                               and (r["chunk_ms"], r["dtype"], r["graphs"]) == item.config), None)
+                guess = engine["capacity"] if engine else args.daemon_guess
+                row.update(daemon_capacity(model_path, item, guess, args, min(cap, left)))
+        except Exception as e:  # noqa: BLE001 - report it and go on with the plan
+            row["error"] = f"{type(e).__name__}: {e}"
+            print(f"{item}: failed: {row['error']}", flush=True)
+        results.append(row)
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    report["wall_s"] = round(time.monotonic() - t_begin, 1)
+    table = summary_table(results)
+    report["table"] = table.splitlines()
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\n{table}\n(engine: N ready streams stepped together, median step <= chunk; daemon: load.py levels, "
+          f"p95 latency <= chunk + {args.slack_s} s; '+': never failed)\nwrote {args.out}; {report['wall_s']} s",
+          flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
