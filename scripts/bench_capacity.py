@@ -98,6 +98,7 @@ def engine_capacity(model_path: Path, item: Item, args: argparse.Namespace, seco
     from streamd.engine.placement import parse_device, parse_dtype
     from streamd.engine.recognizer import Recognizer
     from streamd.model.checkpoint import load_model
+    from streamd.server.app import DECODER_BUCKETS_PER_OCTAVE
 
     t_begin = time.monotonic()
     deadline = t_begin + seconds
@@ -111,7 +112,8 @@ def engine_capacity(model_path: Path, item: Item, args: argparse.Namespace, seco
         free, _ = torch.cuda.mem_get_info(device)
         max_n = min(max_n, int(0.6 * free / (3.5 * per_stream_bytes(model))))
     mode = "auto" if item.graphs == "on" else EAGER
-    rec = Recognizer(model, capacity=max_n, decoder_factory=lambda m: make_decoder(m, mode, max_batch=max_n),
+    rec = Recognizer(model, capacity=max_n,
+                     decoder_factory=lambda m: make_decoder(m, mode, per_octave=DECODER_BUCKETS_PER_OCTAVE),
                      encoder_factory=lambda m: make_encoder_step(m, mode, max_n))
     chunk_s = rec.geometry.chunk_ms / 1000
     hop = 160  # samples per mel frame at 16 kHz

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from streamd.buckets import bucket_size, check_per_octave
 from streamd.decoding.greedy import DEFAULT_MAX_SYMBOLS, BatchedHyps, GreedyLabelLooping, LoopState
 from streamd.decoding.state import DecoderState
 from streamd.model.rnnt import Joint, Predictor
@@ -389,22 +390,95 @@ def _expand(one: DecoderState, batch: int) -> DecoderState:
                         one.label.expand(batch), one.frames.expand(batch))
 
 
+class BucketedGraphDecoder:
+    """A `GraphGreedyLabelLooping` per batch-size bucket (`streamd.buckets.bucket_size`): a call
+    of b rows runs in the smallest bucket >= b, so a small batch does not pay for the largest
+    one (one decoder's graphs always run at its capacity, the padded rows included). Each
+    bucket's decoder is made on first use and captures and rebuilds by itself (same call and
+    return as the reference decoder).
+
+    Args: as for `GraphGreedyLabelLooping`, less max_batch; per_octave: buckets per octave (a
+    power of two)."""
+
+    def __init__(self, predictor: Predictor, joint: Joint, blank_id: int,
+                 max_symbols: int = DEFAULT_MAX_SYMBOLS, *, max_frames: int = DEFAULT_MAX_FRAMES,
+                 mode: str = "auto", per_octave: int = 4, backend: CudaGraphBackend | None = None) -> None:
+        check_per_octave(per_octave)
+        self.per_octave = per_octave
+        self._make = partial(GraphGreedyLabelLooping, predictor, joint, blank_id, max_symbols,
+                             max_frames=max_frames, mode=mode, backend=backend)
+        self._one = self._make(max_batch=1)  # start states and row resets (captures nothing)
+        self._buckets: dict[int, GraphGreedyLabelLooping] = {}
+        self._last: GraphGreedyLabelLooping | None = None
+
+    @property
+    def requested(self) -> str:
+        return self._one.requested
+
+    @property
+    def mode(self) -> str:
+        """How the last call ran: 'full_graph', 'no_while_loops' or 'eager'."""
+        return self._last.mode if self._last is not None else EAGER
+
+    @property
+    def buckets(self) -> dict[int, GraphGreedyLabelLooping]:
+        """The decoder of each bucket used so far."""
+        return dict(sorted(self._buckets.items()))
+
+    @property
+    def rebuilds(self) -> int:
+        return sum(d.rebuilds for d in self._buckets.values())
+
+    @property
+    def last_capture_ms(self) -> float:
+        return self._last.last_capture_ms if self._last is not None else 0.0
+
+    @property
+    def fallback_reason(self) -> str | None:
+        return self._last.fallback_reason if self._last is not None else None
+
+    def initial_state(self, batch: int) -> DecoderState:
+        return self._one.initial_state(batch)
+
+    def reset_rows(self, state: DecoderState, rows: Tensor) -> None:
+        self._one.reset_rows(state, rows)
+
+    def reset(self) -> None:
+        """Drop every bucket's graphs; each captures again on its next call."""
+        for d in self._buckets.values():
+            d.reset()
+
+    def __call__(self, enc: Tensor, lengths: Tensor, state: DecoderState | None = None
+                 ) -> tuple[BatchedHyps, DecoderState]:
+        """As `GraphGreedyLabelLooping.__call__`."""
+        size = bucket_size(max(1, int(enc.shape[0])), self.per_octave)
+        d = self._buckets.get(size)
+        if d is None:
+            d = self._buckets[size] = self._make(max_batch=size)
+        self._last = d
+        return d(enc, lengths, state)
+
+
 _MAKE_MODES = {"auto": "auto", "graphs": NO_WHILE_LOOPS, NO_WHILE_LOOPS: NO_WHILE_LOOPS,
                FULL_GRAPH: FULL_GRAPH, EAGER: EAGER}
 
 
 def make_decoder(model: Any, mode: str = "auto", max_batch: int = DEFAULT_MAX_BATCH,
-                 max_frames: int = DEFAULT_MAX_FRAMES, max_symbols: int = DEFAULT_MAX_SYMBOLS
-                 ) -> GreedyLabelLooping | GraphGreedyLabelLooping:
+                 max_frames: int = DEFAULT_MAX_FRAMES, max_symbols: int = DEFAULT_MAX_SYMBOLS,
+                 per_octave: int | None = None
+                 ) -> GreedyLabelLooping | GraphGreedyLabelLooping | BucketedGraphDecoder:
     """The decoder for a `Transducer`: mode 'auto' | 'graphs' (= no_while_loops) | 'full_graph' |
     'eager'. 'eager', or 'auto' on a machine without CUDA, gives the reference decoder; otherwise
     a graph decoder, which itself decodes eagerly whenever it finds the model on the CPU and
-    captures again when the model is back on a GPU. max_batch should be at least the engine's
-    stream capacity."""
+    captures again when the model is back on a GPU: one of capacity max_batch (which should be
+    at least the engine's stream capacity), or with `per_octave`, one per batch-size bucket."""
     if mode not in _MAKE_MODES:
         raise ValueError(f"decoder mode must be one of {sorted(_MAKE_MODES)}, not {mode!r}")
     blank = model.dims.blank_id
     if mode == EAGER or (mode == "auto" and model.device.type != "cuda" and not torch.cuda.is_available()):
         return GreedyLabelLooping(model.decoder, model.joint, blank, max_symbols)
+    if per_octave is not None:
+        return BucketedGraphDecoder(model.decoder, model.joint, blank, max_symbols, max_frames=max_frames,
+                                    mode=_MAKE_MODES[mode], per_octave=per_octave)
     return GraphGreedyLabelLooping(model.decoder, model.joint, blank, max_symbols, max_batch=max_batch,
                                    max_frames=max_frames, mode=_MAKE_MODES[mode])

@@ -6,8 +6,8 @@ gathers their cache rows, encodes, and writes their next caches back in place.
 - eager: index_select, `ConformerEncoder.streaming_forward`, index_copy_ (on the CPU, when graphs
   are off, while the model is training, or for a bucket whose capture failed);
 - graphs: a step of b streams replays the graph captured for its bucket, the smallest bucket
-  size >= b (`bucket_size`: 1, 2, 4, 8, then `per_octave` sizes per octave, so padding stays
-  under 1/per_octave). A replay launches the whole encoder at once: at small and mid batches the
+  size >= b (`streamd.buckets.bucket_size`: 1, 2, 4, 8, then `per_octave` sizes per octave, so
+  padding stays under 1/per_octave). A replay launches the whole encoder at once: at small and mid batches the
   eager step is bound by launching its hundreds of kernels, not by the GPU.
 
 Static buffers. All buckets share one set of flat buffers (mel, lengths, start, gather index,
@@ -44,25 +44,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from streamd.buckets import DEFAULT_PER_OCTAVE, bucket_size, check_per_octave
 from streamd.model.encoder import DROP_EXTRA_PRE_ENCODED, ConformerEncoder, EncoderCache
 
 log = logging.getLogger("streamd.engine")
 
 GRAPHS, EAGER = "graphs", "eager"
 REQUESTS = ("auto", GRAPHS, EAGER)
-DEFAULT_PER_OCTAVE = 8
 MIN_STATIC_ROWS = 64  # the static buffers' first size: small batches then never regrow them
 FallbackObserver = Callable[[str], None]  # (reason)
-
-
-def bucket_size(b: int, per_octave: int = DEFAULT_PER_OCTAVE) -> int:
-    """The smallest bucket >= b (b >= 1): powers of two up to `per_octave` (a power of two), then
-    `per_octave` evenly spaced sizes per octave, e.g. with 8: ... 8, 9, ..., 16, 18, ..., 32,
-    36, ..., 2048, 2304, 2560, ... The padding is less than b / per_octave."""
-    if b <= per_octave:
-        return 1 << (b - 1).bit_length()
-    step = (1 << ((b - 1).bit_length() - 1)) // per_octave
-    return -(-b // step) * step
 
 
 @dataclass(frozen=True)
@@ -216,8 +206,7 @@ class EncoderStep:
                  backend: EncoderGraphBackend | None = None) -> None:
         if mode not in REQUESTS:
             raise ValueError(f"encoder graph mode must be one of {REQUESTS}, not {mode!r}")
-        if per_octave < 1 or per_octave & (per_octave - 1):
-            raise ValueError(f"per_octave must be a power of two, not {per_octave}")
+        check_per_octave(per_octave)
         self.encoder, self.requested = encoder, mode
         self.max_batch, self.per_octave = max_batch, per_octave
         self.on_fallback = on_fallback

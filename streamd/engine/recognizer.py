@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from streamd.audio.features import logmel_many
-from streamd.decoding.graphs import GraphGreedyLabelLooping
+from streamd.decoding.graphs import BucketedGraphDecoder, GraphGreedyLabelLooping
 from streamd.decoding.greedy import GreedyLabelLooping
 from streamd.decoding.state import DecoderState
 from streamd.engine.encoder_step import EAGER, EncoderStep, make_encoder_step
@@ -26,7 +26,7 @@ from streamd.model.encoder import EncoderCache
 from streamd.model.transducer import Transducer
 
 
-Decoder = GreedyLabelLooping | GraphGreedyLabelLooping
+Decoder = GreedyLabelLooping | GraphGreedyLabelLooping | BucketedGraphDecoder
 DecoderFactory = Callable[[Transducer], Decoder]
 EncoderFactory = Callable[[Transducer], EncoderStep]
 

@@ -33,6 +33,8 @@ from streamd.server.protocol import STREAM_PATH
 from streamd.server.secrets import warn_if_exposed
 
 log = logging.getLogger("streamd.server")
+# CUDA-graph decoders per octave of batch sizes: a step of few streams does not pay for capacity.
+DECODER_BUCKETS_PER_OCTAVE = 4
 STATIC = Path(__file__).resolve().parent / "static"
 # Messages websockets buffers per connection before it stops reading the socket: with a paced
 # (backlogged) client this bounds what one connection holds to RECEIVE_QUEUE * max_message_bytes.
@@ -58,7 +60,7 @@ def build_state(cfg: Config, metrics: Metrics) -> ServerState:
         metrics.graph_fallbacks.inc()
 
     rec = Recognizer(prepare(loaded.model, device, dtype), capacity,
-                     decoder_factory=lambda m: make_decoder(m, mode, max_batch=capacity),
+                     decoder_factory=lambda m: make_decoder(m, mode, per_octave=DECODER_BUCKETS_PER_OCTAVE),
                      encoder_factory=lambda m: make_encoder_step(m, mode, capacity, graph_fallback))
     chunk_s = rec.geometry.chunk_ms / 1000
 

@@ -12,7 +12,8 @@ import torch
 from helpers import run_streams, synthetic_audio  # noqa: F401  (re-exported for test_graphs_cuda)
 from helpers import random_model
 from streamd.decoding.cuda_conditional import unsupported_reason
-from streamd.decoding.graphs import EAGER, FULL_GRAPH, NO_WHILE_LOOPS, GraphGreedyLabelLooping, GraphKey, make_decoder
+from streamd.decoding.graphs import (EAGER, FULL_GRAPH, NO_WHILE_LOOPS, BucketedGraphDecoder, GraphGreedyLabelLooping,
+                                    GraphKey, make_decoder)
 from streamd.decoding.greedy import GreedyLabelLooping
 from streamd.decoding.state import DecoderState
 from streamd.model.transducer import Transducer
@@ -427,3 +428,41 @@ def test_a_callers_autocast_does_not_reach_the_decoder() -> None:
         got = d(enc, lengths)[0].to_lists()
         assert d.initial_state(2).h.dtype == torch.float32
     assert got == want and len(be.captures) == 1 and d.mode == FULL_GRAPH
+
+
+# -- one decoder per batch-size bucket ---------------------------------------------------------
+def bucketed(m: Transducer, be: FakeBackend, **kw: Any) -> BucketedGraphDecoder:
+    return BucketedGraphDecoder(m.decoder, m.joint, m.dims.blank_id, backend=be, **kw)
+
+
+def test_bucketed_decoder_equals_reference_and_captures_once_per_bucket() -> None:
+    m, be = trained_like(), FakeBackend()
+    d = bucketed(m, be, per_octave=2)
+    a, b = simulate([reference(m), d], m, slots=11, chunks=30, seed=11)
+    assert a == b and n_labels(a) > 50
+    sizes = sorted(d.buckets)
+    assert sizes and set(sizes) <= {1, 2, 3, 4, 6, 8, 12} and len(be.captures) == len(sizes)
+    assert all(dec.max_batch == size for size, dec in d.buckets.items()) and d.mode == FULL_GRAPH
+    assert d.rebuilds == len(sizes)
+
+
+def test_bucketed_decoder_rebuilds_each_bucket_after_a_cast() -> None:
+    m, be = trained_like(), FakeBackend()
+    d, ref = bucketed(m, be), reference(m)
+    steps = {8: lambda: m.to(torch.bfloat16), 16: lambda: m.to(torch.float32)}
+    a, b = simulate([ref, d], m, slots=6, chunks=24, seed=12, between=lambda s: steps.get(s, lambda: None)())
+    assert a == b
+    assert all(dec.key is not None and dec.key.dtype == torch.float32 for dec in d.buckets.values())
+    assert d.initial_state(2).h.dtype == torch.float32
+    d.reset()
+    assert all(dec.key is None for dec in d.buckets.values())
+
+
+def test_make_decoder_with_buckets() -> None:
+    m = trained_like()
+    d = make_decoder(m, "graphs", per_octave=4)
+    assert isinstance(d, BucketedGraphDecoder) and d.requested == NO_WHILE_LOOPS and d.per_octave == 4
+    if not torch.cuda.is_available():
+        assert type(make_decoder(m, "auto", per_octave=4)) is GreedyLabelLooping
+    with pytest.raises(ValueError):
+        make_decoder(m, "graphs", per_octave=3)

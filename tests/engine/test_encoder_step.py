@@ -13,8 +13,8 @@ import torch
 
 from helpers import random_model, run_streams, synthetic_audio
 from streamd.decoding.greedy import GreedyLabelLooping
-from streamd.engine.encoder_step import (EAGER, GRAPHS, EncoderGraphBackend, EncoderGraphKey, EncoderStep,
-                                         bucket_size)
+from streamd.buckets import bucket_size
+from streamd.engine.encoder_step import EAGER, GRAPHS, EncoderGraphBackend, EncoderGraphKey, EncoderStep
 from streamd.engine.recognizer import Recognizer
 from streamd.engine.stream import ChunkGeometry
 from streamd.model.encoder import EncoderCache

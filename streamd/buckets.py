@@ -1,0 +1,20 @@
+"""Batch-size buckets for CUDA graphs: a graph is captured per bucket, and a batch runs in the
+smallest bucket that holds it, padded."""
+from __future__ import annotations
+
+DEFAULT_PER_OCTAVE = 8
+
+
+def bucket_size(b: int, per_octave: int = DEFAULT_PER_OCTAVE) -> int:
+    """The smallest bucket >= b (b >= 1): powers of two up to `per_octave` (a power of two), then
+    `per_octave` evenly spaced sizes per octave, e.g. with 8: ... 8, 9, ..., 16, 18, ..., 32,
+    36, ..., 2048, 2304, 2560, ... The padding is less than b / per_octave."""
+    if b <= per_octave:
+        return 1 << (b - 1).bit_length()
+    step = (1 << ((b - 1).bit_length() - 1)) // per_octave
+    return -(-b // step) * step
+
+
+def check_per_octave(per_octave: int) -> None:
+    if per_octave < 1 or per_octave & (per_octave - 1):
+        raise ValueError(f"per_octave must be a power of two, not {per_octave}")
