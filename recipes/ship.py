@@ -1,10 +1,10 @@
-"""Put a trained model into the package as the default model, weights stored in fp16.
+"""Put a trained model into the package as the default model, weights stored in fp16 or fp32.
 
-    python -m recipes.ship MODEL.pt [--out streamd/assets/default-model.pt] [--name NAME]
+    python -m recipes.ship MODEL.pt [--out streamd/assets/default-model.pt] [--name NAME] [--weights fp32]
 
-Checks before writing: on a synthetic signal, the fp16-stored weights must give the fp32 encoder
-output within 1 % and the same greedy tokens (fp16 keeps 11 significant bits; the file is half
-the size).
+With fp16 (the default; half the size), checks before writing: on a synthetic signal, the
+fp16-stored weights must give the fp32 encoder output within 1 % and the same greedy tokens
+(fp16 keeps 11 significant bits). fp32 stores exactly the evaluated weights.
 """
 from __future__ import annotations
 
@@ -35,13 +35,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("model", type=Path)
     ap.add_argument("--out", type=Path, default=DEFAULT_MODEL)
     ap.add_argument("--name", help="model name (default: the model's own)")
+    ap.add_argument("--weights", choices=("fp16", "fp32"), default="fp16", help="stored weight precision")
     args = ap.parse_args(argv)
+    dtype = torch.float16 if args.weights == "fp16" else torch.float32
     src = load_model(args.model)
     name = args.name or src.name
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         tmp_out = Path(tmp) / "model.pt"
-        save_streamd(tmp_out, src.model, src.tokenizer, name, weights_dtype=torch.float16)
+        save_streamd(tmp_out, src.model, src.tokenizer, name, weights_dtype=dtype)
         shipped = load_model(tmp_out)
         t = torch.arange(16000 * 3) / 16000
         probe = 0.3 * torch.sin(2 * math.pi * 220 * t * (1 + t)) * (torch.sin(2 * math.pi * 3 * t) > 0)
