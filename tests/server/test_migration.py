@@ -62,7 +62,7 @@ def test_migrations_mid_stream_lose_nothing(tmp_path: Path) -> None:
             print(f"bf16 periods: positional token agreement with fp32 mean {np.mean(agree):.2f}, "
                   f"pauses {[round(r['pause_ms'], 1) for r in reports]} ms")
             text = app.state.metrics.render().decode()
-            assert 'streamd_migrations_total{result="ok"} 7.0' in text
+            assert 'streamd_migrations_total{result="ok"} 4.0' in text  # fp32 -> fp32 moves do nothing
 
     asyncio.run(main())
 
