@@ -63,6 +63,7 @@ class Segment:
     session: EngineSession
     offset_s: float  # stream time at which this segment's audio starts
     end_reason: str = "end_of_stream"
+    flushed: asyncio.Event = field(default_factory=asyncio.Event)  # all results in: its slot is free
 
 
 class Connection:
@@ -167,12 +168,20 @@ class Connection:
             if isinstance(msg, p.Finalize):
                 segment.end_reason = "finalize"
                 self.state.engine.end(segment.session)
-                segment = await self._open_segment(self.samples_in / 16000)
+                segment = await self._open_segment(self.samples_in / 16000, after=segment)
 
-    async def _open_segment(self, offset_s: float) -> Segment:
+    async def _open_segment(self, offset_s: float, after: Segment | None = None) -> Segment:
+        """A new engine segment starting at stream time `offset_s`. After `finalize` (`after`: the
+        segment it ended) a full engine waits for that segment's slot: the stream never needs two."""
         try:
             session = await self.state.engine.open()
         except CapacityError as e:
+            if after is not None:
+                try:
+                    await asyncio.wait_for(after.flushed.wait(), self.state.config.server.idle_timeout_s)
+                    return await self._open_segment(offset_s)
+                except TimeoutError:
+                    pass
             self.state.metrics.rejections.labels(reason="overloaded").inc()
             raise Overloaded(str(e)) from None
         seg = Segment(session, offset_s)
@@ -264,6 +273,7 @@ class Connection:
                 self._progress.set()
                 for u in tracker.on_chunk(item):
                     await self._emit(u, seg, item)
+            seg.flushed.set()
             await self._emit(tracker.close(seg.end_reason, frame_end), seg, None, frame_end)
             index = tracker.index
 
