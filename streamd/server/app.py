@@ -30,6 +30,7 @@ from streamd.server.handler import Connection, ServerState
 from streamd.server.metrics import CONTENT_TYPE, Metrics
 from streamd.server.http import GuardedConnection, quiet_client_handshake_faults, response, without_body
 from streamd.server.protocol import STREAM_PATH
+from streamd.server.realtime import REALTIME_PATH, RealtimeConnection
 from streamd.server.secrets import warn_if_exposed
 
 log = logging.getLogger("streamd.server")
@@ -113,7 +114,7 @@ class App:
         if path in STATIC_FILES:
             name, kind = STATIC_FILES[path]
             return response(HTTPStatus.OK, (STATIC / name).read_bytes(), kind)
-        if path != STREAM_PATH:
+        if path not in (STREAM_PATH, REALTIME_PATH):
             return response(HTTPStatus.NOT_FOUND, b"not found\n")
         if not self.accepting:
             self.state.metrics.rejections.labels(reason="draining").inc()
@@ -136,7 +137,8 @@ class App:
         self.state.metrics.connections.inc()
         self.state.metrics.streams_active.inc()
         try:
-            await Connection(ws, self.state).run()
+            realtime = ws.request is not None and ws.request.path.split("?", 1)[0] == REALTIME_PATH
+            await (RealtimeConnection if realtime else Connection)(ws, self.state).run()
         finally:
             self.state.live.discard(task)
             self.connections.discard(ws)

@@ -290,14 +290,18 @@ class Connection:
                 words = tuple(p.Word(w, round(seg.offset_s + a * FRAME_S, 3), round(seg.offset_s + (b + 1) * FRAME_S, 3))
                               for w, a, b in self.state.tokenizer.words(u.tokens, u.times))
                 tokens = tuple(self.state.tokenizer.id_to_piece(t) for t in u.tokens)
-            await self._send(p.Final(u.index, text, start, end, processed, u.reason, words, tokens))  # type: ignore[arg-type]
+            await self._deliver(p.Final(u.index, text, start, end, processed, u.reason, words, tokens), seg)  # type: ignore[arg-type]
             self.utterance = u.index + 1
             self.state.metrics.final_latency.observe(lag)
         elif self.start.interim_results and self.last_partial != (u.index, text):
             self.last_partial = (u.index, text)
             self.partials += 1
-            await self._send(p.Partial(u.index, text, start, end, processed))
+            await self._deliver(p.Partial(u.index, text, start, end, processed), seg)
             self.state.metrics.partial_latency.observe(lag)
+
+    async def _deliver(self, result: p.Partial | p.Final, seg: Segment) -> None:
+        """Send a result of `seg` to the client (another protocol face maps it to its own events)."""
+        await self._send(result)
 
     async def _send(self, msg: p.ServerMessage) -> None:
         await self.ws.send(self.proto.encode(msg))
