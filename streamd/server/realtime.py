@@ -295,8 +295,8 @@ class RealtimeConnection(Connection):
         if kind == "input_audio_buffer.append":
             await self._append(_audio(event))
             return
-        if kind in _EVENTS:
-            _check_keys(event, ("type", "event_id", "session")[:3 if kind.endswith(".update") else 2], "")
+        if kind in ("input_audio_buffer.commit", "input_audio_buffer.clear"):
+            _check_keys(event, ("type", "event_id"), "")
         if kind == "input_audio_buffer.commit":
             if not self.appended:
                 raise RealtimeError("input_audio_buffer_commit_empty",
@@ -308,6 +308,7 @@ class RealtimeConnection(Connection):
             await self._event("input_audio_buffer.cleared")
         elif kind in ("session.update", "transcription_session.update"):
             beta = kind == "transcription_session.update"
+            _check_keys(event, ("type", "event_id", "session"), "")
             if "session" not in event:
                 raise RealtimeError("missing_required_parameter", f"{kind} needs \"session\"", "session")
             session = _object(event["session"], "session") or {}
@@ -325,6 +326,8 @@ class RealtimeConnection(Connection):
                                 f"{', '.join(_EVENTS)}", "type")
 
     async def _append(self, audio: bytes) -> None:
+        if not audio:
+            return
         if self.pcm is None:
             self.start = self.config.start()
             self.pcm = PcmDecoder(self.start.sample_rate, self.start.encoding)
@@ -335,7 +338,7 @@ class RealtimeConnection(Connection):
         if self.config.format != "pcm16":
             audio = G711[self.config.format][np.frombuffer(audio, dtype=np.uint8)].tobytes()
         self._push(self.segment, self.pcm.feed(audio))
-        self.appended = self.appended or bool(audio)
+        self.appended = True
 
     async def _next_segment(self, reason: str) -> None:
         """End the open segment (`finalize`: transcribe it; `clear`: drop its results) and open the next."""
