@@ -28,7 +28,7 @@ from websockets.exceptions import ConnectionClosed
 
 from streamd.audio.pcm import MAX_SAMPLE_RATE, MIN_SAMPLE_RATE, PcmDecoder
 from streamd.config import MAX_ENDPOINT_MS
-from streamd.errors import SessionExpired, StreamdError
+from streamd.errors import MAX_ECHO_CHARS, SessionExpired, StreamdError, echo
 from streamd.server import protocol as p
 from streamd.server.handler import Connection, Segment, ServerState
 
@@ -96,8 +96,8 @@ class SessionConfig:
 def _check_keys(data: Mapping[str, Any], allowed: tuple[str, ...], where: str) -> None:
     for key in data:
         if key not in allowed:
-            param = f"{where}.{key}" if where else key
-            raise RealtimeError("unknown_parameter", f"unknown parameter {param!r}; streamd knows "
+            param = (f"{where}.{key}" if where else key)[:2 * MAX_ECHO_CHARS]
+            raise RealtimeError("unknown_parameter", f"unknown parameter {echo(param)}; streamd knows "
                                 f"{', '.join(allowed)}", param)
 
 
@@ -106,15 +106,15 @@ def _object(value: Any, param: str, nullable: bool = False) -> dict[str, Any] | 
         return None
     if not isinstance(value, dict):
         raise RealtimeError("invalid_type", f"{param} must be an object{' or null' if nullable else ''}, "
-                            f"got {json.dumps(value)}", param)
+                            f"got {echo(value)}", param)
     return value
 
 
 def _int(value: Any, param: str, low: int, high: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
-        raise RealtimeError("invalid_type", f"{param} must be an integer, got {json.dumps(value)}", param)
+        raise RealtimeError("invalid_type", f"{param} must be an integer, got {echo(value)}", param)
     if not low <= value <= high:
-        raise RealtimeError("invalid_value", f"{param} must be in {low}..{high}, got {value}", param)
+        raise RealtimeError("invalid_value", f"{param} must be in {low}..{high}, got {echo(value)}", param)
     return value
 
 
@@ -139,7 +139,7 @@ def _turn_detection(config: SessionConfig, value: Any, param: str) -> SessionCon
         raise RealtimeError("unsupported", "semantic_vad is not supported; use server_vad (streamd's "
                             "endpointing) or null (commit turns yourself)", f"{param}.type")
     if kind != "server_vad":
-        raise RealtimeError("invalid_value", f"{param}.type must be \"server_vad\", got {json.dumps(kind)}",
+        raise RealtimeError("invalid_value", f"{param}.type must be \"server_vad\", got {echo(kind)}",
                             f"{param}.type")
     _check_keys(turn, _SERVER_VAD_KEYS, param)
     silence = turn.get("silence_duration_ms")
@@ -156,7 +156,7 @@ def update_ga(config: SessionConfig, session: Mapping[str, Any]) -> SessionConfi
         raise RealtimeError("unsupported", "conversation sessions are not supported: streamd only transcribes; "
                             "use \"type\": \"transcription\"", "session.type")
     if kind != "transcription":
-        raise RealtimeError("invalid_value", f"session.type must be \"transcription\", got {json.dumps(kind)}",
+        raise RealtimeError("invalid_value", f"session.type must be \"transcription\", got {echo(kind)}",
                             "session.type")
     _include(session.get("include"), "session.include")
     audio = _object(session.get("audio", {}), "session.audio") or {}
@@ -172,7 +172,7 @@ def update_ga(config: SessionConfig, session: Mapping[str, Any]) -> SessionConfi
         name = _GA_FORMATS.get(fmt.get("type", "audio/pcm"))
         if name is None:
             raise RealtimeError("invalid_value", f"{where}.format.type must be one of {', '.join(_GA_FORMATS)}, "
-                                f"got {json.dumps(fmt.get('type'))}", f"{where}.format.type")
+                                f"got {echo(fmt.get('type'))}", f"{where}.format.type")
         if name == "pcm16":
             rate = _int(fmt.get("rate", SPEC_RATE), f"{where}.format.rate", MIN_SAMPLE_RATE, MAX_SAMPLE_RATE)
         else:
@@ -194,7 +194,7 @@ def update_beta(config: SessionConfig, session: Mapping[str, Any]) -> SessionCon
         name = _BETA_FORMATS.get(session["input_audio_format"])
         if name is None:
             raise RealtimeError("invalid_value", "session.input_audio_format must be one of "
-                                f"{', '.join(_BETA_FORMATS)}, got {json.dumps(session['input_audio_format'])}",
+                                f"{', '.join(_BETA_FORMATS)}, got {echo(session['input_audio_format'])}",
                                 "session.input_audio_format")
         config = replace(config, format=name, rate=SPEC_RATE if name == "pcm16" else G711_RATE)
     if "turn_detection" in session:
@@ -210,6 +210,10 @@ def _parse(data: str | bytes) -> dict[str, Any]:
         event = json.loads(data)
     except json.JSONDecodeError as err:
         raise RealtimeError("invalid_event", f"message is not valid JSON: {err.msg} at position {err.pos}") from None
+    except RecursionError:
+        raise RealtimeError("invalid_event", "message is not acceptable JSON: nested too deeply") from None
+    except ValueError:  # an integer literal longer than Python converts (4300 digits)
+        raise RealtimeError("invalid_event", "message is not acceptable JSON: a number is too long") from None
     if not isinstance(event, dict):
         raise RealtimeError("invalid_event", "message must be a JSON object")
     if not isinstance(event.get("event_id", ""), str):
@@ -261,7 +265,7 @@ class RealtimeConnection(Connection):
         await self._event("transcription_session.created" if self.beta else "session.created",
                           session=self._describe(self.beta))
         if self.intent != "transcription":
-            await self._error(RealtimeError("unsupported", f"intent={self.intent} is not supported: streamd "
+            await self._error(RealtimeError("unsupported", f"intent={echo(self.intent)} is not supported: streamd "
                                             "only transcribes (intent=transcription)", "intent"))
             await self.ws.close(1008, "only intent=transcription is supported")
             return "unsupported intent"
@@ -322,7 +326,7 @@ class RealtimeConnection(Connection):
             raise RealtimeError("unsupported", f"{kind} is not supported: streamd only transcribes (no "
                                 "conversation items, no responses)", "type")
         else:
-            raise RealtimeError("unknown_event", f"unknown event type {json.dumps(kind)}; streamd takes "
+            raise RealtimeError("unknown_event", f"unknown event type {echo(kind)}; streamd takes "
                                 f"{', '.join(_EVENTS)}", "type")
 
     async def _append(self, audio: bytes) -> None:

@@ -303,6 +303,8 @@ BAD_EVENTS: list[tuple[str | bytes, str, str | None]] = [
     ("{not json", "invalid_event", None),
     (b"\x00\x01binary audio", "invalid_event", None),
     ('["input_audio_buffer.append"]', "invalid_event", None),
+    ("[" * 100_000 + "]" * 100_000, "invalid_event", None),
+    ('{"type": "input_audio_buffer.clear", "n": ' + "9" * 5000 + "}", "invalid_event", None),
     (json.dumps({"type": "input_audio_buffer.appendd", "event_id": "e1"}), "unknown_event", "type"),
     (json.dumps({"type": "response.create", "event_id": "e2"}), "unsupported", "type"),
     (json.dumps({"type": "conversation.item.create", "event_id": "e3", "item": {}}), "unsupported", "type"),
@@ -359,7 +361,7 @@ def test_bad_events_get_errors_and_leave_every_stream_untouched() -> None:
             assert error["type"] == "invalid_request_error" and error["message"]
             try:
                 event_id = json.loads(event)["event_id"]
-            except (ValueError, TypeError, KeyError):
+            except (ValueError, TypeError, KeyError, RecursionError):
                 event_id = None
             assert error["event_id"] == (event_id if isinstance(event_id, str) else None)
             if i % 4 == 0:  # good audio between the bad events
