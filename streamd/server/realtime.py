@@ -338,11 +338,13 @@ class RealtimeConnection(Connection):
             self.segment = await self._open_segment(0.0)
             self.sender = asyncio.create_task(
                 self._sender(self.start.endpointing.resolve(self.state.config.endpointing)))
-        assert self.segment is not None
+        assert self.segment is not None and self.sender is not None
         if self.config.format != "pcm16":
             audio = G711[self.config.format][np.frombuffer(audio, dtype=np.uint8)].tobytes()
         self._push(self.segment, self.pcm.feed(audio))
         self.appended = True
+        if self.backlog_s > self.state.config.server.max_backlog_s:
+            await self._hold_backlog(self.sender)  # on shutdown, the next receive ends the loop
 
     async def _next_segment(self, reason: str) -> None:
         """End the open segment (`finalize`: transcribe it; `clear`: drop its results) and open the next."""

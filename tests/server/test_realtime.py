@@ -424,6 +424,33 @@ def test_limits_and_shutdown_are_shared_with_the_native_protocol() -> None:
     asyncio.run(main())
 
 
+def test_backlog_paces_or_closes_like_the_native_protocol() -> None:
+    audio = s16(speech())
+    manual = ga_session({"type": "audio/pcm", "rate": 16000}, None)
+
+    async def flood(url: str) -> Client:
+        client = await connect(url)
+        await client.send("session.update", session=manual)
+        await client.append(audio, len(audio))  # 9.7 s in one event
+        await client.send("input_audio_buffer.commit")
+        return client
+
+    async def main() -> None:
+        async with running(config(max_backlog_s=4.0)) as (app, url):  # pace: lossless
+            native = await native_finals(url, audio, 16000, endpointing=False)
+            client = await flood(url)
+            completed = await client.wait(COMPLETED)
+            await client.ws.close()
+            assert completed["transcript"] == native[0]["text"]
+            paced = app.state.metrics.registry.get_sample_value("streamd_backlog_events_total", {"action": "paced"})
+            assert paced is not None and paced >= 2, "both faces were paced"
+        async with running(config(max_backlog_s=4.0, backlog_policy="close")) as (_, url):
+            client = await flood(url)
+            error = await client.wait("error")
+            assert error["error"]["code"] == "backlog_exceeded" and await client.closed() == 1008
+    asyncio.run(main())
+
+
 # -- the openai SDK, with the shipped default model and espeak-ng speech ---------------------------
 
 SENTENCES = ["please call me back in ten minutes", "open the door and turn on the light"]
