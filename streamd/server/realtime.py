@@ -351,7 +351,7 @@ class RealtimeConnection(Connection):
         assert self.segment is not None
         self.segment.end_reason = reason
         self.state.engine.end(self.segment.session)
-        self.segment = await self._open_segment(self.samples_in / 16000)
+        self.segment = await self._open_segment(self.samples_in / 16000, after=self.segment)
         self.appended = False
 
     async def _drain(self) -> None:

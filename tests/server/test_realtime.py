@@ -424,6 +424,29 @@ def test_limits_and_shutdown_are_shared_with_the_native_protocol() -> None:
     asyncio.run(main())
 
 
+def test_commit_and_clear_work_with_the_daemon_full() -> None:
+    audio = s16(speech(gap_s=0.0))
+    third = len(audio) // 3 // 2 * 2
+
+    async def committer(url: str) -> Client:
+        client = await connect(url)
+        await client.send("session.update", session=ga_session({"type": "audio/pcm", "rate": 16000}, None))
+        for i, end_item in enumerate(("input_audio_buffer.commit", "input_audio_buffer.clear",
+                                      "input_audio_buffer.commit")):
+            await client.append(audio[i * third:(i + 1) * third], 6400)
+            await client.send(end_item)
+        await client.wait(COMPLETED, 2)
+        await client.ws.close()
+        return client
+
+    async def main() -> None:
+        async with running(config(max_streams=2)) as (app, url):  # every slot taken
+            for client in await asyncio.gather(committer(url), committer(url)):
+                assert not client.of("error"), client.of("error")
+            assert app.state.engine.recognizer.active == 0
+    asyncio.run(main())
+
+
 def test_backlog_paces_or_closes_like_the_native_protocol() -> None:
     audio = s16(speech())
     manual = ga_session({"type": "audio/pcm", "rate": 16000}, None)
