@@ -78,6 +78,10 @@ class Connection:
         self.last_partial: tuple[int, str] = (-1, "")
         self.samples_in = 0  # 16 kHz samples handed to the engine
         self.decoded_s = 0.0  # stream time up to which results have come back
+        # At least 3 chunks: the first result needs a chunk plus the lookahead, so a smaller limit
+        # would hold a paced client back before anything could be decoded.
+        self.backlog_limit_s = max(state.config.server.max_backlog_s,
+                                   3 * state.engine.recognizer.geometry.chunk_ms / 1000)
         self._progress = asyncio.Event()  # set whenever `decoded_s` moves
         self.started = time.monotonic()
         self.start: p.Start | None = None
@@ -159,7 +163,7 @@ class Connection:
             if isinstance(data, bytes):
                 self.proto.receive_audio()
                 self._push(segment, pcm.feed(data))
-                if self.backlog_s > cfg.max_backlog_s and not await self._hold_backlog(sender):
+                if self.backlog_s > self.backlog_limit_s and not await self._hold_backlog(sender):
                     return "shutdown", segment
                 continue
             msg = self.proto.receive_text(data)
@@ -206,7 +210,7 @@ class Connection:
         self.state.metrics.backlog.labels(action="paced").inc()
         shutdown = asyncio.ensure_future(self.state.shutdown.wait())
         try:
-            while self.backlog_s > cfg.max_backlog_s and not sender.done() and not shutdown.done():
+            while self.backlog_s > self.backlog_limit_s and not sender.done() and not shutdown.done():
                 self._progress.clear()
                 progress = asyncio.ensure_future(self._progress.wait())
                 await asyncio.wait({progress, sender, shutdown}, return_when=asyncio.FIRST_COMPLETED)

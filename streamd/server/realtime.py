@@ -343,7 +343,7 @@ class RealtimeConnection(Connection):
             audio = G711[self.config.format][np.frombuffer(audio, dtype=np.uint8)].tobytes()
         self._push(self.segment, self.pcm.feed(audio))
         self.appended = True
-        if self.backlog_s > self.state.config.server.max_backlog_s:
+        if self.backlog_s > self.backlog_limit_s:
             await self._hold_backlog(self.sender)  # on shutdown, the next receive ends the loop
 
     async def _next_segment(self, reason: str) -> None:
