@@ -7,8 +7,7 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
-FIXTURES = SHARED / "fixtures" / "nemo-tiny"
+FIXTURES = REPO / "tests" / "fixtures" / "nemo-tiny"  # see its README.md
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,4 +1,4 @@
-"""Parity with NeMo's own outputs on the tiny checkpoints in shared/fixtures (made with NeMo 3.0)."""
+"""Parity with NeMo's own outputs on the tiny checkpoints in tests/fixtures/nemo-tiny (made with NeMo 3.0)."""
 from __future__ import annotations
 
 import pytest
