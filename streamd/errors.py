@@ -16,8 +16,8 @@ MAX_ECHO_CHARS = 64
 def echo(value: Any) -> str:
     """A client-supplied value as JSON for an error message, cut to `MAX_ECHO_CHARS` characters,
     so that no client can make the daemon log (or send back) megabytes."""
-    try:
-        text = json.dumps(value, ensure_ascii=False)
+    try:  # lone surrogates (JSON allows "\ud800") are escaped: the text must encode as UTF-8
+        text = json.dumps(value, ensure_ascii=False).encode("utf-8", "backslashreplace").decode()
     except (TypeError, ValueError, RecursionError):
         text = "<unprintable>"
     if len(text) > MAX_ECHO_CHARS:

@@ -235,6 +235,14 @@ def test_close_reason_is_truncated_to_123_utf8_bytes() -> None:
     assert len(reason.encode()) <= 123 and reason == "é" * 61
 
 
+def test_echoed_lone_surrogates_are_escaped() -> None:
+    """JSON may carry a lone surrogate ("\\ud800"); echoed in an error it must still encode."""
+    with pytest.raises(UnsupportedAudio) as e:
+        parse_client_message(json.dumps({"type": "start", "sample_rate": 16000, "encoding": "\ud800"}))
+    assert "\\ud800" in e.value.message
+    assert close_for(e.value)[1].encode() and encode_message(Error.from_exception(e.value), 1).encode()
+
+
 ERROR_CLASSES = [cls for cls in vars(errors).values()
                  if isinstance(cls, type) and issubclass(cls, StreamdError) and cls is not StreamdError]
 
