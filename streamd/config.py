@@ -88,6 +88,8 @@ class ServerConfig:
     idle_timeout_s: float = 30.0
     max_session_s: float = 4 * 3600.0
     drain_timeout_s: float = 30.0
+    handshake_timeout_s: float = 10.0
+    send_timeout_s: float = 10.0
     tls_cert: Path | None = None
     tls_key: Path | None = None
 
@@ -104,6 +106,9 @@ class ServerConfig:
         _require(self.max_session_s > 0, "server.max_session_s", "must be positive", self.max_session_s)
         _require(self.drain_timeout_s >= 0, "server.drain_timeout_s", "must not be negative",
                  self.drain_timeout_s)
+        _require(self.handshake_timeout_s > 0, "server.handshake_timeout_s", "must be positive",
+                 self.handshake_timeout_s)
+        _require(self.send_timeout_s > 0, "server.send_timeout_s", "must be positive", self.send_timeout_s)
         _require(self.tls_key is None or self.tls_cert is not None, "server.tls_key",
                  "needs server.tls_cert as well", str(self.tls_key))
 
@@ -304,6 +309,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("server", "idle_timeout_s", _to_float, "close a stream idle (no audio, no keepalive) this long"),
     Setting("server", "max_session_s", _to_float, "longest session"),
     Setting("server", "drain_timeout_s", _to_float, "on shutdown, how long open streams may finish"),
+    Setting("server", "handshake_timeout_s", _to_float,
+            "close a connection whose HTTP request and websocket handshake take longer"),
+    Setting("server", "send_timeout_s", _to_float,
+            "close a stream whose client has not taken its results for this long (slow_consumer)"),
     Setting("server", "tls_cert", _to_path, "TLS certificate chain (PEM); enables wss://"),
     Setting("server", "tls_key", _to_path, "TLS private key (PEM) if not in tls_cert"),
     Setting("engine", "model", _to_path, "model file (.nemo or .pt)", "the shipped model"),

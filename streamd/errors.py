@@ -97,6 +97,13 @@ class BacklogExceeded(StreamdError):
     close_code = 1008
 
 
+class SlowConsumer(StreamdError):
+    """The client has not taken its results for ``send_timeout_s``."""
+
+    code = "slow_consumer"
+    close_code = 1008
+
+
 class Overloaded(StreamdError):
     """No capacity for another stream; retry later."""
 

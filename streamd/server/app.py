@@ -166,7 +166,8 @@ class App:
             await warm_up(self.state.engine)
             async with serve(self.handler, cfg.host, cfg.port, process_request=self.process_request,
                              max_size=cfg.max_message_bytes, max_queue=RECEIVE_QUEUE, compression=None,
-                             ssl=tls, create_connection=GuardedConnection) as server:
+                             ssl=tls, create_connection=GuardedConnection,
+                             open_timeout=cfg.handshake_timeout_s) as server:
                 port = _bound_port(server)
                 self.ready = True
                 log.info("serving %s on %s://%s:%d%s (%s, %s)", self.state.model_name, "wss" if tls else "ws",

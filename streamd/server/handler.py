@@ -26,7 +26,8 @@ from streamd.engine.recognizer import CapacityError, ChunkResult
 from streamd.engine.scheduler import Engine, EngineSession, StreamFailed
 from streamd.engine.utterances import Utterance, UtteranceTracker
 from streamd.model.transducer import Transducer
-from streamd.errors import BacklogExceeded, IdleTimeout, InternalError, Overloaded, SessionExpired, StreamdError
+from streamd.errors import (BacklogExceeded, IdleTimeout, InternalError, Overloaded, SessionExpired, SlowConsumer,
+                            StreamdError)
 from streamd.server import protocol as p
 from streamd.server.metrics import Metrics
 
@@ -86,6 +87,7 @@ class Connection:
         self.started = time.monotonic()
         self.start: p.Start | None = None
         self._waiting: asyncio.Timeout | None = None  # the deadline of a receive shutdown may cut
+        self._failed: BaseException | None = None  # why the sender stopped early; ends the receive
 
     async def run(self) -> None:
         log.info("connect %s from %s", self.id, self.ws.remote_address)
@@ -131,6 +133,7 @@ class Connection:
                                      self.state.engine.recognizer.geometry.chunk_ms, msg.sample_rate, rules,
                                      cfg.idle_timeout_s, cfg.max_session_s))
             sender = asyncio.create_task(self._sender(rules))
+            sender.add_done_callback(self._sender_done)
             reason, segment = await self._receive_loop(pcm, segment, sender)
             segment.end_reason = "end_of_stream"
             self._push(segment, pcm.flush())
@@ -147,8 +150,16 @@ class Connection:
                 self.state.engine.close(seg.session)
         await self._send(p.Summary(self.utterance, self.partials, self.samples_in / 16000,
                                    time.monotonic() - self.started, "shutdown" if reason == "shutdown" else "stop"))
-        await self.ws.close(1001 if reason == "shutdown" else 1000)
+        await self._close(1001 if reason == "shutdown" else 1000)
         return reason
+
+    def _sender_done(self, task: asyncio.Task[None]) -> None:
+        """A sender that failed ends the receive waiting now (the receive loop raises its error)."""
+        if task.cancelled() or task.exception() is None:
+            return
+        self._failed = task.exception()
+        if self._waiting is not None:
+            self._waiting.reschedule(asyncio.get_running_loop().time())
 
     async def _receive_loop(self, pcm: PcmDecoder, segment: Segment,
                             sender: asyncio.Task[None]) -> tuple[str, Segment]:
@@ -249,6 +260,8 @@ class Connection:
         """
         max_session_s = self.state.config.server.max_session_s
         left = max_session_s - (time.monotonic() - self.started)
+        if self._failed is not None:
+            raise self._failed
         if allow_shutdown and self.state.shutdown.is_set():
             return None
         try:
@@ -256,6 +269,8 @@ class Connection:
                 self._waiting = deadline if allow_shutdown else None
                 return await self.ws.recv()
         except TimeoutError:
+            if self._failed is not None:
+                raise self._failed from None
             if allow_shutdown and self.state.shutdown.is_set():
                 return None
             if left <= timeout:
@@ -308,14 +323,31 @@ class Connection:
         await self._send(result)
 
     async def _send(self, msg: p.ServerMessage) -> None:
-        await self.ws.send(self.proto.encode(msg))
+        """Send one message; a client that has not taken it within send_timeout_s is too slow.
+
+        The websocket's write buffer (and the socket's) bound what waits for a slow client."""
+        timeout = self.state.config.server.send_timeout_s
+        try:
+            async with asyncio.timeout(timeout):
+                await self.ws.send(self.proto.encode(msg))
+        except TimeoutError:
+            raise SlowConsumer(f"results not read for {timeout:g} s (send_timeout_s)") from None
+
+    async def _close(self, code: int, reason: str = "") -> None:
+        """The closing handshake, or a dropped connection if it takes longer than send_timeout_s."""
+        try:
+            async with asyncio.timeout(self.state.config.server.send_timeout_s):
+                await self.ws.close(code, reason)
+        except TimeoutError:
+            self.ws.transport.abort()
 
     async def _fail(self, exc: StreamdError) -> None:
         code, reason = p.close_for(exc)
         log.info("connection %s: %s: %s", self.id, exc.code, exc.message)
         try:
-            if self.proto.phase is not p.Phase.CLOSED:
-                await self.ws.send(self.proto.encode(p.Error.from_exception(exc)))
-            await self.ws.close(code, reason)
-        except ConnectionClosed:
-            pass
+            # A slow consumer is not reading: its close frame (with the reason) is all it may still see.
+            if self.proto.phase is not p.Phase.CLOSED and not isinstance(exc, SlowConsumer):
+                await self._send(p.Error.from_exception(exc))
+            await self._close(code, reason)
+        except (ConnectionClosed, SlowConsumer):
+            self.ws.transport.abort()

@@ -260,7 +260,7 @@ def test_close_codes() -> None:
     assert {cls.__name__: cls.close_code for cls in ERROR_CLASSES} == {
         "ConfigError": None, "ProtocolViolation": 1008, "MessageTooBig": 1009,
         "UnsupportedAudio": 1003, "Unauthorized": 1008, "IdleTimeout": 1008,
-        "SessionExpired": 1008, "BacklogExceeded": 1008, "Overloaded": 1013,
+        "SessionExpired": 1008, "BacklogExceeded": 1008, "SlowConsumer": 1008, "Overloaded": 1013,
         "ModelUnavailable": 1011, "InternalError": 1011, "MigrationError": None,
     }
 
