@@ -101,6 +101,7 @@ def _add_transcribe(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--jobs", type=int, default=4, help="files streamed concurrently (default: %(default)s)")
     p.add_argument("--output-dir", help="write DIR/NAME.txt|jsonl|srt|vtt per file instead of printing")
     p.add_argument("--cafile", help="PEM file of the CA (or self-signed certificate) to trust for wss://")
+    p.add_argument("--token-file", help="file with the bearer token, for a daemon that requires one")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on a terminal")
 
 
@@ -121,6 +122,7 @@ def _add_listen(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--list-devices", action="store_true", help="list input devices and exit")
     p.add_argument("--rate", type=int, help="capture rate in Hz (default: the device's native rate)")
     p.add_argument("--cafile", help="PEM file of the CA (or self-signed certificate) to trust for wss://")
+    p.add_argument("--token-file", help="file with the bearer token, for a daemon that requires one")
 
 
 def _run_listen(args: argparse.Namespace) -> int:

@@ -34,6 +34,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOG_FORMATS = ("text", "json")
 BACKLOG_POLICIES = ("pace", "close")
 _DEVICE_RE = re.compile(r"auto|cpu|cuda(:\d+)?")
+_ORIGIN_RE = re.compile(r"(https?://[^/\s?#]+|null)")
 
 
 class _InvalidSetting(ConfigError):
@@ -92,6 +93,8 @@ class ServerConfig:
     send_timeout_s: float = 10.0
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    token_file: Path | None = None
+    allowed_origins: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _require(bool(self.host), "server.host", "must not be empty", self.host)
@@ -111,6 +114,11 @@ class ServerConfig:
         _require(self.send_timeout_s > 0, "server.send_timeout_s", "must be positive", self.send_timeout_s)
         _require(self.tls_key is None or self.tls_cert is not None, "server.tls_key",
                  "needs server.tls_cert as well", str(self.tls_key))
+        origins = tuple(o.strip().lower().rstrip("/") for o in self.allowed_origins)
+        for origin in origins:
+            _require(origin == "*" or bool(_ORIGIN_RE.fullmatch(origin)), "server.allowed_origins",
+                     "must hold * or origins like https://example.com[:port]", origin)
+        object.__setattr__(self, "allowed_origins", origins)
 
 
 @dataclass(frozen=True)
@@ -258,8 +266,18 @@ def _to_optional_int(value: object) -> int | None:
     return None if value == "" else _to_int(value)
 
 
+def _to_list(value: object) -> tuple[str, ...]:
+    """A TOML array of strings, or a comma-separated string (flags, environment)."""
+    if isinstance(value, str):
+        return tuple(item.strip() for item in value.split(",") if item.strip())
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return tuple(value)
+    raise ValueError(f"expected a list of strings, got {value!r}")
+
+
 _METAVARS: dict[Callable[[object], Any], str] = {
     _to_int: "N", _to_optional_int: "N", _to_float: "NUMBER", _to_str: "TEXT", _to_path: "PATH",
+    _to_list: "LIST",
 }
 
 
@@ -315,6 +333,11 @@ SETTINGS: tuple[Setting, ...] = (
             "close a stream whose client has not taken its results for this long (slow_consumer)"),
     Setting("server", "tls_cert", _to_path, "TLS certificate chain (PEM); enables wss://"),
     Setting("server", "tls_key", _to_path, "TLS private key (PEM) if not in tls_cert"),
+    Setting("server", "token_file", _to_path,
+            "file holding the bearer token stream clients must present (unset: no token)"),
+    Setting("server", "allowed_origins", _to_list,
+            "browser origins allowed to open streams besides the server's own, comma-separated; * = any",
+            "the server's own"),
     Setting("engine", "model", _to_path, "model file (.nemo or .pt)", "the shipped model"),
     Setting("engine", "device", _to_str, "auto, cpu, cuda or cuda:N"),
     Setting("engine", "dtype", _to_str, "fp32, bf16 or fp16"),
@@ -439,6 +462,7 @@ def _suggest(word: str, choices: Iterable[str]) -> str:
 
 def _check_files(cfg: Config, origins: Mapping[str, str]) -> None:
     for setting, path in (("engine.model", cfg.engine.model), ("server.tls_cert", cfg.server.tls_cert),
-                          ("server.tls_key", cfg.server.tls_key), ("admin.token_file", cfg.admin.token_file)):
+                          ("server.tls_key", cfg.server.tls_key), ("server.token_file", cfg.server.token_file),
+                          ("admin.token_file", cfg.admin.token_file)):
         if path is not None and not path.exists():
             raise ConfigError(f"{setting}: no such file {path} (from {origins[setting]})")

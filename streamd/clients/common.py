@@ -13,6 +13,7 @@ import shutil
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TextIO
 from urllib.parse import urlsplit, urlunsplit
 
@@ -25,8 +26,10 @@ from streamd.server.protocol import (STREAM_PATH, Error, Final, Partial, Ready, 
 
 DEFAULT_URL = "ws://127.0.0.1:8765"
 # Errors that a new connection would only repeat: the client must change, not retry.
-FATAL_CODES = frozenset({"protocol_violation", "unsupported_audio", "unauthorized", "message_too_big"})
+FATAL_CODES = frozenset({"protocol_violation", "unsupported_audio", "unauthorized", "forbidden", "message_too_big"})
 _HTTP_SERVICE_UNAVAILABLE = 503
+_HTTP_REFUSALS = {401: ("unauthorized", "the daemon needs a bearer token (--token-file)"),
+                  403: ("forbidden", "the daemon does not take streams from this origin")}
 
 
 class StreamError(Exception):
@@ -66,6 +69,20 @@ def stream_url(url: str) -> str:
         raise ValueError(f"expected a ws:// or wss:// URL, got {url!r}")
     path = parts.path if parts.path not in ("", "/") else STREAM_PATH
     return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
+
+def read_token(path: str | None) -> str | None:
+    """The bearer token in file ``path`` (surrounding whitespace stripped); None without a path.
+
+    Raises:
+        ValueError: the file holds no token.
+    """
+    if path is None:
+        return None
+    token = Path(path).read_text().strip()
+    if not token:
+        raise ValueError(f"token file {path} is empty")
+    return token
 
 
 def ssl_context(url: str, cafile: str | None) -> ssl.SSLContext | None:
@@ -147,8 +164,9 @@ class Session:
 
 @contextlib.asynccontextmanager
 async def open_stream(url: str, start: Start, cafile: str | None = None,
-                      open_timeout: float = 10.0) -> AsyncIterator[Session]:
-    """Connect, send ``start``, wait for ``ready``; close the connection on exit.
+                      open_timeout: float = 10.0, token: str | None = None) -> AsyncIterator[Session]:
+    """Connect (with ``Authorization: Bearer token`` if given), send ``start``, wait for ``ready``;
+    close the connection on exit.
 
     Raises:
         ServerBusy: HTTP 503 (full or draining).
@@ -158,11 +176,15 @@ async def open_stream(url: str, start: Start, cafile: str | None = None,
     endpoint = stream_url(url)
     try:
         ws = await connect(endpoint, ssl=ssl_context(endpoint, cafile), open_timeout=open_timeout,
-                           compression=None, max_size=None)
+                           compression=None, max_size=None,
+                           additional_headers={"Authorization": f"Bearer {token}"} if token else None)
     except InvalidStatus as e:
         response = e.response
         if response.status_code == _HTTP_SERVICE_UNAVAILABLE:
             raise ServerBusy(float(response.headers.get("Retry-After", "1"))) from None
+        if response.status_code in _HTTP_REFUSALS:
+            code, why = _HTTP_REFUSALS[response.status_code]
+            raise StreamError(code, f"HTTP {response.status_code} from {endpoint}: {why}") from None
         raise StreamError("handshake_refused", f"HTTP {response.status_code} from {endpoint}") from None
     except InvalidHandshake as e:
         raise StreamError("handshake_failed", f"{endpoint}: {e}") from None

@@ -26,7 +26,7 @@ import soundfile as sf
 import soxr
 
 from streamd.audio.pcm import MAX_CHANNELS, MAX_SAMPLE_RATE, MIN_SAMPLE_RATE, MODEL_RATE
-from streamd.clients.common import DEFAULT_URL, Backoff, Session, open_stream, retry_delay
+from streamd.clients.common import DEFAULT_URL, Backoff, Session, open_stream, read_token, retry_delay
 from streamd.clients.output import EXTENSIONS, Transcript, render
 from streamd.clients.progress import Progress
 from streamd.server.protocol import Final, Start
@@ -50,12 +50,13 @@ class Audio:
 
 @dataclass(frozen=True)
 class Options:
-    """How to stream: the daemon, real-time pacing, files at once, the CA for wss://."""
+    """How to stream: the daemon, real-time pacing, files at once, the CA for wss://, the token."""
 
     url: str = DEFAULT_URL
     realtime: bool = False
     jobs: int = 4
     cafile: str | None = None
+    token: str | None = None
 
 
 def load_audio(path: str) -> Audio:
@@ -85,7 +86,7 @@ async def _send(session: Session, audio: Audio, realtime: bool, sent: Callable[[
 async def _stream(audio: Audio, options: Options, sent: Callable[[float], None]) -> list[Final]:
     start = Start(sample_rate=audio.rate, encoding="s16le", channels=audio.channels,
                   interim_results=False, word_times=True)
-    async with open_stream(options.url, start, options.cafile) as session:
+    async with open_stream(options.url, start, options.cafile, token=options.token) as session:
         sender = asyncio.create_task(_send(session, audio, options.realtime, sent))
         try:
             finals = [r async for r in session.results() if isinstance(r, Final)]
@@ -170,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--format {args.format} with several files needs --output-dir")
     if args.output_dir is not None:
         Path(args.output_dir).mkdir(parents=True, exist_ok=True)
-    options = Options(args.url, args.realtime, args.jobs, args.cafile)
+    options = Options(args.url, args.realtime, args.jobs, args.cafile, read_token(args.token_file))
     emit = _writer(args.format, args.output_dir, named=len(args.files) > 1)
     progress_out = sys.stderr if not args.no_progress and sys.stderr.isatty() else None
     results = asyncio.run(transcribe_files(args.files, options, emit, progress_out))

@@ -24,7 +24,7 @@ from types import TracebackType
 from typing import Any
 
 from streamd.clients.common import (Backoff, LiveDisplay, Session, StreamError, open_stream,
-                                    retry_delay)
+                                    read_token, retry_delay)
 from streamd.server.protocol import Final, Start, Summary
 
 BLOCK_S = 0.05  # 50 ms per message
@@ -180,7 +180,7 @@ async def _stream(session: Session, mic: Microphone, display: LiveDisplay, stop:
 
 
 async def listen(url: str, mic: Microphone, display: LiveDisplay, stop: asyncio.Event,
-                 cafile: str | None = None) -> Summary | None:
+                 cafile: str | None = None, token: str | None = None) -> Summary | None:
     """Transcribe ``mic`` until ``stop`` is set, reconnecting whenever the daemon goes away.
 
     Returns the summary of the last session (None if it ended without one).
@@ -193,7 +193,7 @@ async def listen(url: str, mic: Microphone, display: LiveDisplay, stop: asyncio.
     reconnecting = False
     while not stop.is_set():
         try:
-            async with open_stream(url, start, cafile) as session:
+            async with open_stream(url, start, cafile, token=token) as session:
                 backoff.reset()
                 dropped = mic.discard()  # live audio is not worth sending late
                 if reconnecting:
@@ -233,7 +233,7 @@ async def _main(args: argparse.Namespace, display: LiveDisplay) -> int:
     device = find_device(args.device)
     try:
         with Microphone(device, capture_rate(device, args.rate), display.status) as mic:
-            summary = await listen(args.url, mic, display, stop, args.cafile)
+            summary = await listen(args.url, mic, display, stop, args.cafile, read_token(args.token_file))
     except asyncio.CancelledError:
         return 130
     if summary is not None:

@@ -25,13 +25,14 @@ from streamd.engine.placement import DTYPE_NAMES, parse_device, parse_dtype
 from streamd.engine.recognizer import Recognizer
 from streamd.engine.scheduler import Engine
 from streamd.model.checkpoint import load_model, resolve_model_path
+from streamd.server.access import Access
 from streamd.server.admin import AdminServer, Control
 from streamd.server.handler import Connection, ServerState
 from streamd.server.metrics import CONTENT_TYPE, Metrics
 from streamd.server.http import GuardedConnection, quiet_client_handshake_faults, response, without_body
 from streamd.server.protocol import STREAM_PATH
 from streamd.server.realtime import REALTIME_PATH, RealtimeConnection
-from streamd.server.secrets import warn_if_exposed
+from streamd.server.secrets import read_token, warn_if_exposed
 
 log = logging.getLogger("streamd.server")
 # CUDA-graph decoders per octave of batch sizes: a step of few streams does not pay for capacity.
@@ -87,6 +88,9 @@ class App:
         quiet_client_handshake_faults()
         self.state = state
         self.control = Control(state)
+        cfg = state.config.server
+        token = read_token(cfg.token_file, "stream token file") if cfg.token_file else None
+        self.access = Access(token, cfg.allowed_origins)
         self.ready = False
         self.connections: set[ServerConnection] = set()  # stream connections whose handler runs
 
@@ -116,6 +120,10 @@ class App:
             return response(HTTPStatus.OK, (STATIC / name).read_bytes(), kind)
         if path not in (STREAM_PATH, REALTIME_PATH):
             return response(HTTPStatus.NOT_FOUND, b"not found\n")
+        if refusal := self.access.check(request.path, request.headers):
+            self.state.metrics.rejections.labels(reason=refusal.reason).inc()
+            extra = {"WWW-Authenticate": 'Bearer realm="streamd"'} if refusal.status == HTTPStatus.UNAUTHORIZED else None
+            return response(refusal.status, refusal.message.encode(), extra=extra)
         if not self.accepting:
             self.state.metrics.rejections.labels(reason="draining").inc()
             return response(HTTPStatus.SERVICE_UNAVAILABLE, b"draining\n", extra={"Retry-After": "5"})

@@ -22,7 +22,7 @@ from prometheus_client.process_collector import ProcessCollector
 
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
-REJECTION_REASONS = ("overloaded", "draining", "unauthorized", "bad_request")
+REJECTION_REASONS = ("overloaded", "draining", "unauthorized", "origin", "bad_request")
 MIGRATION_RESULTS = ("ok", "failed")
 ENDPOINT_RULES = ("silence_after_speech", "silence_without_speech", "max_utterance")
 BACKLOG_ACTIONS = ("paced", "closed")

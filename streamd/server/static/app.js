@@ -17,10 +17,13 @@ function setState(state, message) {
 }
 
 // ws:// next to http:// (localhost), wss:// next to https:// (browsers allow the microphone
-// only on secure origins, and a secure page may not open a ws:// socket).
+// only on secure origins, and a secure page may not open a ws:// socket). A daemon that needs a
+// token gets the one in this page's URL (/?token=...): browsers cannot set websocket headers.
 function streamUrl() {
   const scheme = location.protocol === 'https:' ? 'wss:' : 'ws:';
-  return `${scheme}//${location.host}/v1/stream`;
+  const token = new URLSearchParams(location.search).get('token');
+  const query = token ? `?token=${encodeURIComponent(token)}` : '';
+  return `${scheme}//${location.host}/v1/stream${query}`;
 }
 
 function formatTime(seconds) {

@@ -1,0 +1,176 @@
+"""Who may open a stream: the bearer token (header or ?token=), browser origins, and what the
+daemon logs at INFO (never transcripts, audio or the token)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import soundfile as sf
+import websockets
+
+from conftest import FIXTURES
+from daemon import config, running
+from streamd.config import load_config
+from streamd.errors import ConfigError
+from streamd.server.app import App
+
+TOKEN = "s3cret-Token_42"
+START = json.dumps({"type": "start", "sample_rate": 16000, "encoding": "s16le"})
+
+
+async def status(url: str, path: str = "/v1/stream", **kw: Any) -> int:
+    """101 when the handshake succeeds (and the stream answers `ready`), else the HTTP status."""
+    try:
+        async with websockets.connect(url + path, **kw) as ws:
+            await ws.send(START)
+            assert json.loads(await ws.recv())["type"] == "ready"
+            return 101
+    except websockets.InvalidStatus as e:
+        return e.response.status_code
+
+
+def rejected(app: App, reason: str) -> float:
+    value = app.state.metrics.registry.get_sample_value("streamd_connections_rejected_total", {"reason": reason})
+    return value or 0.0
+
+
+def token_file(tmp_path: Path, text: str = TOKEN + "\n") -> Path:
+    path = tmp_path / "token"
+    path.write_text(text)
+    return path
+
+
+def test_bearer_token_in_header_or_query(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with running(config(token_file=token_file(tmp_path))) as (app, url):
+            assert await status(url) == 401
+            try:
+                await websockets.connect(url + "/v1/stream")
+            except websockets.InvalidStatus as e:
+                assert e.response.headers["WWW-Authenticate"] == 'Bearer realm="streamd"'
+            for bad in ({"Authorization": "Bearer wrong"}, {"Authorization": TOKEN},
+                        {"Authorization": f"Basic {TOKEN}"}, {"Authorization": f"Bearer {TOKEN}x"}):
+                assert await status(url, additional_headers=bad) == 401, bad
+            assert await status(url, "/v1/stream?token=wrong") == 401
+            assert await status(url, additional_headers={"Authorization": f"Bearer {TOKEN}"}) == 101
+            assert await status(url, additional_headers={"Authorization": f"bearer  {TOKEN} "}) == 101
+            assert await status(url, f"/v1/stream?token={TOKEN}") == 101
+            assert rejected(app, "unauthorized") == 7
+            # health, metrics and the page need no token
+            for path in ("/livez", "/readyz", "/metrics", "/"):
+                assert await asyncio.to_thread(_get, url, path) == 200
+
+    asyncio.run(main())
+
+
+def _get(url: str, path: str) -> int:
+    import urllib.request
+
+    with urllib.request.urlopen(url.replace("ws", "http", 1) + path, timeout=10) as r:
+        return int(r.status)
+
+
+def test_browser_origins() -> None:
+    async def main() -> None:
+        async with running(config()) as (app, url):
+            own = url.replace("ws://", "http://")
+            assert await status(url) == 101  # no Origin: not a browser
+            assert await status(url, origin=own) == 101
+            assert await status(url, origin=own.upper() + "/") == 101
+            for other in ("http://evil.example", own.replace("http", "https") + "1", "null"):
+                assert await status(url, origin=other) == 403, other
+            assert rejected(app, "origin") == 3
+        async with running(config(allowed_origins=("https://app.example.com",))) as (app, url):
+            assert await status(url, origin="https://app.example.com") == 101
+            assert await status(url, origin="https://app.example.com:444") == 403
+            assert await status(url, origin=url.replace("ws://", "http://")) == 101
+        async with running(config(allowed_origins=("*",))) as (app, url):
+            assert await status(url, origin="http://anywhere.example") == 101
+
+    asyncio.run(main())
+
+
+def test_wrong_origin_is_refused_even_with_the_token(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with running(config(token_file=token_file(tmp_path))) as (app, url):
+            assert await status(url, f"/v1/stream?token={TOKEN}", origin="http://evil.example") == 403
+
+    asyncio.run(main())
+
+
+def test_access_settings(tmp_path: Path) -> None:
+    cfg = load_config(environ={"STREAMD_ALLOWED_ORIGINS": "https://A.example/, http://b.example:8080",
+                               "STREAMD_TOKEN_FILE": str(token_file(tmp_path))}, default_path=tmp_path / "none")
+    assert cfg.server.allowed_origins == ("https://a.example", "http://b.example:8080")
+    toml = tmp_path / "streamd.toml"
+    toml.write_text('[server]\nallowed_origins = ["*"]\ntoken_file = "token"\n')
+    cfg = load_config(environ={"STREAMD_CONFIG": str(toml)})
+    assert cfg.server.allowed_origins == ("*",) and cfg.server.token_file == tmp_path / "token"
+    for bad in ("ftp://x.example", "https://x.example/path", "example.com"):
+        with pytest.raises(ConfigError, match="server.allowed_origins"):
+            load_config(environ={"STREAMD_ALLOWED_ORIGINS": bad}, default_path=tmp_path / "none")
+    toml.write_text("[server]\nallowed_origins = [1]\n")
+    with pytest.raises(ConfigError, match="list of strings"):
+        load_config(environ={"STREAMD_CONFIG": str(toml)})
+    with pytest.raises(ConfigError, match="server.token_file: no such file"):
+        load_config(environ={"STREAMD_TOKEN_FILE": str(tmp_path / "missing")}, default_path=tmp_path / "none")
+    with pytest.raises(ValueError, match="stream token file .* is empty"):
+        asyncio.run(_serve_briefly(config(token_file=token_file(tmp_path, " \n"))))
+
+
+async def _serve_briefly(cfg: Any) -> None:
+    async with running(cfg):
+        pass
+
+
+def test_info_logs_hold_no_transcript_audio_or_token(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    pcm = sf.read(str(FIXTURES / "in3_espeak_sentence.wav"), dtype="int16")[0]
+
+    async def main() -> list[str]:
+        async with running(config(token_file=token_file(tmp_path))) as (app, url):
+            out = await _stream_with_token(url, pcm.tobytes())
+            await status(url, "/v1/stream?token=" + TOKEN + "x")  # a wrong token is not logged either
+            return [m["text"] for m in out if m["type"] in ("partial", "final")] + \
+                [p for m in out if m["type"] == "final" for p in m.get("tokens", [])]
+
+    caplog.set_level(logging.INFO)
+    texts = asyncio.run(main())
+    words = {w for t in texts for w in t.split() if len(w) >= 6} | {t for t in texts if len(t) >= 12}
+    assert words, "the stream produced no text to look for"
+    logged = "\n".join(r.getMessage() + " " + str(vars(r)) for r in caplog.records)
+    assert "connect" in logged and "disconnect" in logged
+    leaked = sorted(w for w in words if w in logged)
+    assert not leaked, f"transcript text in the logs: {leaked[:5]}"
+    assert TOKEN not in logged
+    assert repr(pcm[1000:1004].tobytes())[2:-1] not in logged
+
+
+async def _stream_with_token(url: str, pcm: bytes) -> list[dict[str, Any]]:
+    messages = []
+    async with websockets.connect(url + "/v1/stream", additional_headers={"Authorization": f"Bearer {TOKEN}"}) as ws:
+        await ws.send(json.dumps({"type": "start", "sample_rate": 16000, "encoding": "s16le", "word_times": True}))
+        for i in range(0, len(pcm), 3200):
+            await ws.send(pcm[i: i + 3200])
+        await ws.send(json.dumps({"type": "stop"}))
+        async for m in ws:
+            messages.append(json.loads(m))
+    return messages
+
+
+def test_file_client_sends_the_token(tmp_path: Path) -> None:
+    from streamd.clients.file import Options, transcribe_file
+
+    wav = str(FIXTURES / "in2_chirp_1p23s.wav")
+
+    async def main() -> None:
+        async with running(config(token_file=token_file(tmp_path))) as (app, url):
+            without = await transcribe_file(wav, Options(url))
+            assert without.error is not None and "unauthorized" in without.error and "--token-file" in without.error
+            assert rejected(app, "unauthorized") == 1  # not retried
+            assert (await transcribe_file(wav, Options(url, token=TOKEN))).error is None
+
+    asyncio.run(main())
