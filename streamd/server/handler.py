@@ -323,13 +323,16 @@ class Connection:
         await self._send(result)
 
     async def _send(self, msg: p.ServerMessage) -> None:
+        await self._send_text(self.proto.encode(msg))
+
+    async def _send_text(self, text: str) -> None:
         """Send one message; a client that has not taken it within send_timeout_s is too slow.
 
         The websocket's write buffer (and the socket's) bound what waits for a slow client."""
         timeout = self.state.config.server.send_timeout_s
         try:
             async with asyncio.timeout(timeout):
-                await self.ws.send(self.proto.encode(msg))
+                await self.ws.send(text)
         except TimeoutError:
             raise SlowConsumer(f"results not read for {timeout:g} s (send_timeout_s)") from None
 

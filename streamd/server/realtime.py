@@ -28,7 +28,7 @@ from websockets.exceptions import ConnectionClosed
 
 from streamd.audio.pcm import MAX_SAMPLE_RATE, MIN_SAMPLE_RATE, PcmDecoder
 from streamd.config import MAX_ENDPOINT_MS
-from streamd.errors import MAX_ECHO_CHARS, SessionExpired, StreamdError, echo
+from streamd.errors import MAX_ECHO_CHARS, SessionExpired, SlowConsumer, StreamdError, echo
 from streamd.server import protocol as p
 from streamd.server.handler import Connection, Segment, ServerState
 
@@ -267,7 +267,7 @@ class RealtimeConnection(Connection):
         if self.intent != "transcription":
             await self._error(RealtimeError("unsupported", f"intent={echo(self.intent)} is not supported: streamd "
                                             "only transcribes (intent=transcription)", "intent"))
-            await self.ws.close(1008, "only intent=transcription is supported")
+            await self._close(1008, "only intent=transcription is supported")
             return "unsupported intent"
         try:
             while (data := await self._recv(cfg.idle_timeout_s, allow_shutdown=True)) is not None:
@@ -282,7 +282,7 @@ class RealtimeConnection(Connection):
                 self.sender.cancel()
             for seg in self.opened:
                 self.state.engine.close(seg.session)
-        await self.ws.close(1001)
+        await self._close(1001)
         return "shutdown"
 
     async def _handle(self, data: str | bytes) -> None:
@@ -338,6 +338,7 @@ class RealtimeConnection(Connection):
             self.segment = await self._open_segment(0.0)
             self.sender = asyncio.create_task(
                 self._sender(self.start.endpointing.resolve(self.state.config.endpointing)))
+            self.sender.add_done_callback(self._sender_done)
         assert self.segment is not None and self.sender is not None
         if self.config.format != "pcm16":
             audio = G711[self.config.format][np.frombuffer(audio, dtype=np.uint8)].tobytes()
@@ -420,8 +421,8 @@ class RealtimeConnection(Connection):
 
     async def _event(self, kind: str, **fields: Any) -> None:
         self.events += 1
-        await self.ws.send(json.dumps({"type": kind, "event_id": f"event_{self.id}_{self.events}", **fields},
-                                      ensure_ascii=False, separators=(",", ":")))
+        await self._send_text(json.dumps({"type": kind, "event_id": f"event_{self.id}_{self.events}", **fields},
+                                         ensure_ascii=False, separators=(",", ":")))
 
     async def _error(self, e: RealtimeError, event_id: str | None = None, kind: str = "invalid_request_error") -> None:
         await self._event("error", error={"type": kind, "code": e.code, "message": e.message, "param": e.param,
@@ -431,8 +432,9 @@ class RealtimeConnection(Connection):
         code, reason = p.close_for(exc)
         log.info("connection %s: %s: %s", self.id, exc.code, exc.message)
         try:
-            await self._error(RealtimeError(exc.code, exc.message), None,
-                              "server_error" if code == 1011 else "invalid_request_error")
-            await self.ws.close(code, reason)
-        except ConnectionClosed:
-            pass
+            if not isinstance(exc, SlowConsumer):  # a slow consumer is not reading: only the close frame
+                await self._error(RealtimeError(exc.code, exc.message), None,
+                                  "server_error" if code == 1011 else "invalid_request_error")
+            await self._close(code, reason)
+        except (ConnectionClosed, SlowConsumer):
+            self.ws.transport.abort()

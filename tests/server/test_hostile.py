@@ -5,12 +5,14 @@ control stream exactly, with no slot, task, file descriptor or memory left behin
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import os
 import socket
 import struct
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,29 +60,49 @@ def host_port(url: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def test_a_client_that_never_reads_is_closed_with_its_buffer_bounded(caplog: pytest.LogCaptureFixture) -> None:
-    """Endpointing off and word times on make the partials grow, so the results pile up fast; the
-    daemon's socket buffer for the slow client is shrunk to fill within a second."""
+REALTIME_16K = {"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+    "format": {"type": "audio/pcm", "rate": 16000}}}}}
+
+
+async def open_slow(url: str, endpoint: str) -> tuple[Any, Callable[[bytes], str | bytes]]:
+    """A client connection whose receive buffer is small, set up to stream 16 kHz s16le, and how
+    it wraps audio into a message."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(host_port(url))
+    if endpoint == "native":
+        ws = await websockets.connect(url + "/v1/stream", sock=sock, max_size=None)
+        await ws.send(json.dumps({**START, "endpointing": False, "word_times": True}))
+        assert json.loads(await ws.recv())["type"] == "ready"
+        return ws, lambda pcm: pcm
+    ws = await websockets.connect(url + "/v1/realtime?intent=transcription", sock=sock, max_size=None)
+    assert json.loads(await ws.recv())["type"] == "session.created"
+    await ws.send(json.dumps(REALTIME_16K))
+    assert json.loads(await ws.recv())["type"] == "session.updated"
+    return ws, lambda pcm: json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()})
+
+
+@pytest.mark.parametrize("endpoint", ["native", "realtime"])
+def test_a_client_that_never_reads_is_closed_with_its_buffer_bounded(endpoint: str,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """Results pile up fast (native: endpointing off and word times on make the partials grow); the
+    daemon's buffers for the slow client are shrunk (socket 4 KiB, websocket 1 KiB) to fill soon."""
     send_timeout = 1.0
 
     async def main() -> None:
         async with running(config(send_timeout_s=send_timeout)) as (app, url):
             want = results(await stream_pcm(url, SPEECH, np.random.default_rng(0)))
-            sock = socket.socket()
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            sock.connect(host_port(url))
-            ws = await websockets.connect(url + "/v1/stream", sock=sock, max_size=None)
-            await ws.send(json.dumps({**START, "endpointing": False, "word_times": True}))
-            assert json.loads(await ws.recv())["type"] == "ready"
+            ws, message = await open_slow(url, endpoint)
             ws.transport.pause_reading()  # from here on the client reads nothing
             (server_side,) = app.connections
             server_side.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+            server_side.transport.set_write_buffer_limits(high=1024)
             rss0, t0, buffered = rss_mb(), time.monotonic(), 0
             beside = asyncio.create_task(stream_pcm(url, SPEECH, np.random.default_rng(1), pace_s=0.005))
             try:
                 looped, i = SPEECH * 20, 0
                 while server_side in app.connections and time.monotonic() - t0 < 30:
-                    await ws.send(looped[i: i + 32000])  # one second of audio every 0.1 s: decoding keeps up
+                    await ws.send(message(looped[i: i + 32000]))  # 1 s of audio every 0.1 s: decoding keeps up
                     i = (i + 32000) % (len(SPEECH) * 10)
                     buffered = max(buffered, server_side.transport.get_write_buffer_size())
                     await asyncio.sleep(0.1)
@@ -91,7 +113,7 @@ def test_a_client_that_never_reads_is_closed_with_its_buffer_bounded(caplog: pyt
             assert results(await beside) == want
             await settle(app)
             assert closed_after < 20, "the slow client was never closed"
-            assert buffered <= 2**15 + 2**16  # websockets' high-water mark plus one message
+            assert buffered <= 1024 + 2**16  # the high-water mark plus one message
             assert rss_mb() - rss0 < 50
 
     caplog.set_level(logging.INFO)
