@@ -212,10 +212,24 @@ def client_worker(url: str, indices: list[int], audios: list[load.Audio], second
     return stats, time.process_time() - c0
 
 
-def process_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) a process has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def process_cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds (user + system) used so far by a process, and by its child processes (the
+    daemon's front ends) that are alive now."""
+    def stat(p: int) -> list[str]:
+        return Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+
+    tick = os.sysconf("SC_CLK_TCK")
+    own = stat(pid)
+    children = 0.0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != pid:
+            try:
+                f = stat(int(entry.name))
+            except OSError:
+                continue
+            if int(f[1]) == pid:
+                children += (int(f[11]) + int(f[12])) / tick
+    return (int(own[11]) + int(own[12])) / tick, children
 
 
 def run_level(url: str, n: int, audios: list[load.Audio], args: argparse.Namespace, pool: ProcessPoolExecutor,
@@ -227,11 +241,12 @@ def run_level(url: str, n: int, audios: list[load.Audio], args: argparse.Namespa
     start_at = time.time() + 1.0
     procs = min(args.client_procs, n)
     shares = [list(range(p, n, procs)) for p in range(procs)]
-    t0, d0 = time.monotonic(), process_cpu_s(daemon_pid)
+    t0, (d0, f0) = time.monotonic(), process_cpu_s(daemon_pid)
     futures = [pool.submit(client_worker, url, s, audios, args.seconds, send_s, start_at, args.ramp_s)
                for s in shares]
     results = [f.result() for f in futures]
-    wall, daemon_cpu = time.monotonic() - t0, process_cpu_s(daemon_pid) - d0
+    d1, f1 = process_cpu_s(daemon_pid)
+    wall, daemon_cpu, fronts_cpu = time.monotonic() - t0, d1 - d0, f1 - f0
     stats = [load.StreamStats(**d) for r in results for d in r[0]]
     client_cpu = sum(r[1] for r in results)
     after = load.scrape(url)
@@ -239,7 +254,8 @@ def run_level(url: str, n: int, audios: list[load.Audio], args: argparse.Namespa
     level["load_generator"] = {"processes": procs, "cpu_s": round(client_cpu, 1), "wall_s": round(wall, 1),
                                "cores_used": round(client_cpu / wall, 2),
                                "max_process_cores": round(max(r[1] for r in results) / wall, 2)}
-    level["daemon_cpu"] = {"cpu_s": round(daemon_cpu, 1), "cores_used": round(daemon_cpu / wall, 2)}
+    level["daemon_cpu"] = {"cpu_s": round(daemon_cpu, 1), "cores_used": round(daemon_cpu / wall, 2),
+                           "front_ends_cores_used": round(fronts_cpu / wall, 2), "front_ends": args.workers}
     return level
 
 
@@ -247,7 +263,8 @@ def print_level(level: dict[str, Any]) -> None:
     lg, dc = level["load_generator"], level["daemon_cpu"]
     load.print_row(level)
     print(f"          clients: {lg['processes']} processes, {lg['cores_used']} cores "
-          f"(busiest {lg['max_process_cores']}); daemon {dc['cores_used']} cores", flush=True)
+          f"(busiest {lg['max_process_cores']}); daemon {dc['cores_used']} cores (engine process) "
+          f"+ {dc['front_ends_cores_used']} ({dc['front_ends']} front-end processes)", flush=True)
 
 
 def daemon_capacity(model_path: Path, item: Item, guess: int, args: argparse.Namespace, seconds: float
@@ -258,7 +275,8 @@ def daemon_capacity(model_path: Path, item: Item, guess: int, args: argparse.Nam
     first = max(16, int(args.daemon_first * guess) // 16 * 16)
     top = max(first, guess)
     daemon = load.Daemon(str(model_path), args.device, item.dtype, top + 64,
-                         ["--right-context", str(CHUNK_RC[item.chunk_ms]), "--cuda-graphs", item.graphs])
+                         ["--right-context", str(CHUNK_RC[item.chunk_ms]), "--cuda-graphs", item.graphs,
+                          "--workers", str(args.workers)])
     audios = [load.tone_bursts(seed=s) for s in range(4)]
     ns = argparse.Namespace(**vars(args))
     pool = ProcessPoolExecutor(args.client_procs, mp_context=get_context("spawn"))
@@ -373,6 +391,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-send-late-s", type=float, default=0.25, help="client lateness that voids a level")
     p.add_argument("--client-procs", type=int, default=max(1, min(12, (os.cpu_count() or 4) - 4)),
                    help="client processes (default: cores - 4, at most 12)")
+    p.add_argument("--workers", type=int, default=0,
+                   help="the daemon's websocket front-end processes (server.workers; default: 0)")
     p.add_argument("--out", type=Path, default=Path("capacity.json"))
     args = p.parse_args(argv)
     args.items = [Item.parse(t) for t in args.plan.split(",") if t]

@@ -2,7 +2,7 @@
 # Everything that needs a GPU, in one call on the device machine (results under $OUT or ./gpu-out):
 # the `cuda`-marked tests, the decoder benchmark, the live-migration benchmark and the load test.
 # Carries: .whl (websockets, soxr wheels for the image's Python; see README "GPU runs").
-#   bash scripts/gpu_suite.sh [tests|bench|all|capacity]
+#   bash scripts/gpu_suite.sh [tests|bench|all|capacity|scale]
 # `capacity` (about 6.5 minutes, 4 files): the encoder-step `cuda` tests, then
 # scripts/bench_capacity.py (engine-only vs daemon end-to-end capacity of a random FastConformer-L,
 # 160 and 1120 ms chunks, bf16, graphs on; graphs off and fp32 as its time budget allows:
@@ -38,6 +38,21 @@ fi
 if [ "$what" = capacity ]; then
   timeout 150 python3 -m pytest -q -m cuda -p no:cacheprovider tests/engine 2>&1 | tee "$OUT/cuda-tests.log" || status=1
   timeout $(( ${CAPACITY_BUDGET_S:-300} + 120 )) python3 scripts/bench_capacity.py --budget-s "${CAPACITY_BUDGET_S:-300}" \
-    --out "$OUT/capacity.json" 2>&1 | tee "$OUT/capacity.log" || status=1
+    ${CAPACITY_ARGS:-} --out "$OUT/capacity.json" 2>&1 | tee "$OUT/capacity.log" || status=1
+fi
+if [ "$what" = scale ]; then
+  # Issue 13 in one call: the engine step's phases at the engine's capacity (features on the GPU
+  # and, for comparison, on the CPU), then engine vs daemon with front-end processes.
+  python3 -c "import sys; sys.path.insert(0, 'scripts'); from bench_migration import make_model; make_model('/tmp/fcl.pt', 1024)" || exit 1
+  timeout 120 python3 -m pytest -q -m cuda -p no:cacheprovider tests/engine/test_encoder_step_cuda.py 2>&1 | tee "$OUT/cuda-tests.log" || status=1
+  for spec in "160 ${PROFILE_N160:-1792}" "1120 ${PROFILE_N1120:-2816}"; do
+    set -- $spec
+    for where in model cpu; do
+      timeout 100 python3 scripts/profile_engine_step.py --model /tmp/fcl.pt --chunk-ms "$1" --streams "$2" \
+        --features "$where" --json "$OUT/profile-$1ms-$where.json" 2>&1 | tee "$OUT/profile-$1ms-$where.log" || status=1
+    done
+  done
+  timeout $(( ${CAPACITY_BUDGET_S:-240} + 100 )) python3 scripts/bench_capacity.py --model /tmp/fcl.pt \
+    --budget-s "${CAPACITY_BUDGET_S:-240}" ${CAPACITY_ARGS:-} --out "$OUT/capacity.json" 2>&1 | tee "$OUT/capacity.log" || status=1
 fi
 exit $status

@@ -95,9 +95,11 @@ class ServerConfig:
     tls_key: Path | None = None
     token_file: Path | None = None
     allowed_origins: tuple[str, ...] = ()
+    workers: int = 0
 
     def __post_init__(self) -> None:
         _require(bool(self.host), "server.host", "must not be empty", self.host)
+        _require(0 <= self.workers <= 256, "server.workers", "must be in 0..256", self.workers)
         _require(0 <= self.port <= 65535, "server.port", "must be in 0..65535", self.port)
         _require(self.max_streams >= 1, "server.max_streams", "must be at least 1", self.max_streams)
         _require(self.max_message_bytes >= 1024, "server.max_message_bytes", "must be at least 1024",
@@ -338,6 +340,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("server", "allowed_origins", _to_list,
             "browser origins allowed to open streams besides the server's own, comma-separated; * = any",
             "the server's own"),
+    Setting("server", "workers", _to_int,
+            "websocket front-end processes sharing the port (0: one event loop in the engine's process)"),
     Setting("engine", "model", _to_path, "model file (.nemo or .pt)", "the shipped model"),
     Setting("engine", "device", _to_str, "auto, cpu, cuda or cuda:N"),
     Setting("engine", "dtype", _to_str, "fp32, bf16 or fp16"),

@@ -82,14 +82,17 @@ def synthetic_audio(seconds: float, seed: int) -> np.ndarray:
 
 
 def run_streams(m: Transducer, decoder: Any, audios: list[np.ndarray], starts: list[int], seed: int = 0,
-                events: dict[int, Any] | None = None, encoder: Any = None
+                events: dict[int, Any] | None = None, encoder: Any = None, features: str = "model"
                 ) -> tuple[list[tuple[list[int], list[int]]], list[str]]:
     """Streams join at `starts` ticks, push random-size pieces and leave when done; `events[tick]()`
-    runs before that tick's step. `encoder`: the EncoderStep to use (default: eager). Returns each
-    stream's (tokens, times) and the decoder modes seen."""
+    runs before that tick's step. `encoder`: the EncoderStep to use (default: eager); `features`:
+    where frames are computed (the Recognizer's option). Returns each stream's (tokens, times) and
+    the decoder modes seen."""
     rng = np.random.default_rng(seed)
-    rec = (Recognizer(m, capacity=len(audios), decoder_factory=lambda _: decoder) if encoder is None else
-           Recognizer(m, capacity=len(audios), decoder_factory=lambda _: decoder, encoder_factory=lambda _: encoder))
+    rec = (Recognizer(m, capacity=len(audios), decoder_factory=lambda _: decoder, features=features)
+           if encoder is None else
+           Recognizer(m, capacity=len(audios), decoder_factory=lambda _: decoder, encoder_factory=lambda _: encoder,
+                      features=features))
     streams: dict[int, Any] = {}
     pos, done, modes, tick = [0] * len(audios), [None] * len(audios), [], 0
     while any(x is None for x in done):

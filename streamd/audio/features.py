@@ -195,7 +195,8 @@ class IncrementalLogMel:
 
 
 def logmel_many(logmel: LogMel, segments: list[np.ndarray]) -> list[np.ndarray]:
-    """Frames of many `take_segment()` segments in one batched call (one STFT, one matmul).
+    """Frames of many `take_segment()` segments in one batched call (one STFT, one matmul) on
+    `logmel`'s device: one copy of the samples there, one copy of the frames back.
 
     Returns, per segment, (n_mels, k) float32 with k = (len - n_fft) // hop + 1."""
     if not segments:
@@ -206,5 +207,5 @@ def logmel_many(logmel: LogMel, segments: list[np.ndarray]) -> list[np.ndarray]:
     for row, seg in zip(batch, segments):
         row[: seg.size] = seg
     with torch.no_grad():
-        mel = logmel.frames(torch.from_numpy(batch)).numpy()
+        mel = logmel.frames(torch.from_numpy(batch).to(logmel.featurizer.fb.device)).cpu().numpy()
     return [mel[i, :, :k] for i, k in enumerate(counts)]

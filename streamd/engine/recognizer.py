@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from streamd.audio.features import logmel_many
+from streamd.audio.features import LogMel, logmel_many
 from streamd.decoding.graphs import BucketedGraphDecoder, GraphGreedyLabelLooping
 from streamd.decoding.greedy import GreedyLabelLooping
 from streamd.decoding.state import DecoderState
@@ -42,9 +42,8 @@ class CapacityError(RuntimeError):
 @dataclass
 class ChunkResult:
     """One stream's outcome of one step: new labels with global encoder-frame times, and the
-    encoder frames [frame_start, frame_end) this step decoded."""
+    encoder frames [frame_start, frame_end) this step decoded. Plain data: it crosses processes."""
 
-    stream: Stream
     tokens: list[int]
     times: list[int]
     frame_start: int
@@ -57,14 +56,20 @@ class Recognizer:
 
     def __init__(self, model: Transducer, capacity: int, right_context: int | None = None,
                  decoder_factory: DecoderFactory = GreedyLabelLooping.for_model,
-                 encoder_factory: EncoderFactory = eager_encoder) -> None:
+                 encoder_factory: EncoderFactory = eager_encoder, features: str = "model") -> None:
         self.capacity, self.decoder_factory, self.encoder_factory = capacity, decoder_factory, encoder_factory
         self.model, self.decoder, self.encoder_step = model, decoder_factory(model), encoder_factory(model)
         if right_context is not None:
             model.encoder.set_att_context((model.encoder.att_context[0], right_context))
         self.geometry = ChunkGeometry(model.encoder.att_context[1])
-        # Live features are computed on the CPU in fp32, whatever the model's device and dtype.
+        # Live features are fp32, whatever the model's dtype. The streams' bookkeeping uses this
+        # CPU copy; the frames of a step are computed on the model's device (`features="model"`:
+        # one STFT for the batch where it is fastest) or always here (`features="cpu"`).
+        if features not in ("model", "cpu"):
+            raise ValueError(f"features must be 'model' or 'cpu', not {features!r}")
+        self.features = features
         self._logmel = copy.deepcopy(model.preprocessor).float().cpu()
+        self._device_logmel: LogMel | None = None  # a copy on the model's device, made when needed
         self._free = list(range(capacity - 1, -1, -1))
         self._cache: EncoderCache | None = None
         self._dec: DecoderState | None = None
@@ -123,7 +128,7 @@ class Recognizer:
         # torch call releases and re-takes the GIL, and with a busy event loop in the other
         # thread every re-take can wait a whole switch interval.
         pending = [(s, seg) for s in streams if (seg := s.feature_segment()) is not None]
-        for (s, _), frames in zip(pending, logmel_many(self._logmel, [seg for _, seg in pending])):
+        for (s, _), frames in zip(pending, logmel_many(self._feature_maker(device), [seg for _, seg in pending])):
             s.add_frames(frames)
         windows = [s.take_window() for s in streams]
         mel = torch.from_numpy(np.stack([w.mel for w in windows]))
@@ -136,6 +141,14 @@ class Recognizer:
         dec.index_copy_(rows, new_dec)
         return self._results(streams, hyps.to_lists(), enc_len.tolist())
 
+    def _feature_maker(self, device: torch.device) -> LogMel:
+        """The log-mel module a step computes its frames with (follows the model's device)."""
+        if self.features == "cpu" or device.type == "cpu":
+            return self._logmel
+        if self._device_logmel is None or self._device_logmel.featurizer.fb.device != device:
+            self._device_logmel = copy.deepcopy(self._logmel).to(device)
+        return self._device_logmel
+
     def _results(self, streams: list[Stream], hyps: list[tuple[list[int], list[int]]],
                  frames: list[int]) -> list[ChunkResult]:
         out = []
@@ -144,7 +157,7 @@ class Recognizer:
             s.frames_decoded += n
             s.tokens.extend(toks)
             s.times.extend(times)
-            out.append(ChunkResult(s, toks, times, start, s.frames_decoded))
+            out.append(ChunkResult(toks, times, start, s.frames_decoded))
         return out
 
     @torch.no_grad()

@@ -3,7 +3,8 @@
 The event loop never touches tensors. It posts audio and commands to an inbox; the engine thread
 drains it, runs a step as soon as streams have a full chunk (waiting at most `batch_wait_s` for
 more streams to fill the batch), and posts each stream's results back to its session's queue
-with `call_soon_threadsafe`. No polling: the thread sleeps on a condition variable.
+with `call_soon_threadsafe`, or to the session's `sink` (a front-end process's bridge, see
+`server/frontends.py`). No polling: the thread sleeps on a condition variable.
 """
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
+from streamd.engine.placement import DTYPE_NAMES
 from streamd.engine.recognizer import ChunkResult, Recognizer
 from streamd.engine.stream import Stream
 
@@ -31,14 +33,47 @@ class StreamFailed(RuntimeError):
     """The engine could not process this stream's audio (the step raised)."""
 
 
+ResultItem = ChunkResult | StreamFailed | None  # None: the stream is flushed and its slot free
+Sink = Callable[[list[tuple["EngineSession", ResultItem]]], None]
+
+
+@dataclass(frozen=True)
+class EngineStatus:
+    """A snapshot of what serving needs to know of the engine (the event loop never reads
+    engine-thread objects for it; a front-end process gets it sent)."""
+
+    device: str
+    dtype: str
+    chunk_ms: int
+
+
+class EngineClient(Protocol):
+    """What serving streams needs of the engine: the `Engine` itself, or the handle a front-end
+    process has of it (`server/worker.py`)."""
+
+    @property
+    def status(self) -> EngineStatus: ...
+
+    async def open(self) -> EngineSession: ...
+
+    def push(self, session: EngineSession, samples: np.ndarray) -> None: ...
+
+    def end(self, session: EngineSession) -> None: ...
+
+    def close(self, session: EngineSession) -> None: ...
+
+
 @dataclass(eq=False)
 class EngineSession:
     """Loop-side handle of one stream. `results` yields ChunkResults, then None when the stream
-    has been flushed (after `end`), or a StreamFailed."""
+    has been flushed (after `end`), or a StreamFailed. With a `sink`, results go there instead
+    (called on the engine thread with every item of one hand-over, in order)."""
 
-    results: asyncio.Queue[ChunkResult | StreamFailed | None] = field(default_factory=asyncio.Queue)
+    results: asyncio.Queue[ResultItem] = field(default_factory=asyncio.Queue)
     stream: Stream | None = None  # owned by the engine thread
     closed: bool = False
+    sink: Sink | None = None
+    sid: int = -1  # the stream's number in its front-end process (bridged sessions)
 
 
 class Engine:
@@ -50,7 +85,7 @@ class Engine:
         self._cond = threading.Condition()
         self._inbox: deque[tuple[str, EngineSession | None, Any]] = deque()
         self._live: list[EngineSession] = []
-        self._outbox: list[tuple[EngineSession, ChunkResult | StreamFailed | None]] = []
+        self._outbox: list[tuple[EngineSession, ResultItem]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -66,11 +101,20 @@ class Engine:
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
 
+    @property
+    def status(self) -> EngineStatus:
+        model = self.recognizer.model
+        return EngineStatus(str(model.device), DTYPE_NAMES[model.dtype], self.recognizer.geometry.chunk_ms)
+
     async def open(self) -> EngineSession:
         """A new stream with its own slot; raises CapacityError when all slots are taken."""
         session = EngineSession()
-        await self.call(lambda rec: self._open(session))
+        await asyncio.wrap_future(self.open_session(session))
         return session
+
+    def open_session(self, session: EngineSession) -> Future[None]:
+        """Give `session` a slot (from any thread); the future raises CapacityError if none is free."""
+        return self.submit(lambda rec: self._open(session))
 
     def push(self, session: EngineSession, samples: np.ndarray) -> None:
         """Queue float32 mono samples at the model rate."""
@@ -89,9 +133,20 @@ class Engine:
 
     async def call(self, fn: Callable[[Recognizer], Any]) -> Any:
         """Run fn(recognizer) on the engine thread between two steps; returns its result."""
+        return await asyncio.wrap_future(self.submit(fn))
+
+    def submit(self, fn: Callable[[Recognizer], Any]) -> Future[Any]:
+        """Run fn(recognizer) on the engine thread between two steps (from any thread)."""
         fut: Future[Any] = Future()
         self._post("call", None, (fn, fut))
-        return await asyncio.wrap_future(fut)
+        return fut
+
+    def post_many(self, items: list[tuple[str, EngineSession, Any]]) -> None:
+        """Queue several `audio` (payload: samples), `end` and `close` commands at once, in order
+        (from any thread: a front-end bridge hands over a batch of its streams' audio this way)."""
+        with self._cond:
+            self._inbox.extend(items)
+            self._cond.notify()
 
     def _post(self, kind: str, session: EngineSession | None, payload: Any) -> None:
         with self._cond:
@@ -183,19 +238,32 @@ class Engine:
         if session in self._live:
             self._live.remove(session)
 
-    def _deliver(self, session: EngineSession, item: ChunkResult | StreamFailed | None) -> None:
+    def _deliver(self, session: EngineSession, item: ResultItem) -> None:
         """Queue `item` for the session; `_flush` hands everything queued over at once."""
         self._outbox.append((session, item))
 
     def _flush(self) -> None:
-        """One wake-up of the event loop for all that was delivered since the last flush."""
-        if self._outbox:
+        """One wake-up of the event loop (and one call of each sink) for all that was delivered
+        since the last flush."""
+        if not self._outbox:
+            return
+        local: list[tuple[EngineSession, ResultItem]] = []
+        sinks: dict[Sink, list[tuple[EngineSession, ResultItem]]] = {}
+        for item in self._outbox:
+            sink = item[0].sink
+            if sink is None:
+                local.append(item)
+            else:
+                sinks.setdefault(sink, []).append(item)
+        self._outbox = []
+        if local:
             assert self._loop is not None
-            self._loop.call_soon_threadsafe(_put_all, self._outbox)
-            self._outbox = []
+            self._loop.call_soon_threadsafe(_put_all, local)
+        for sink, items in sinks.items():
+            sink(items)
 
 
-def _put_all(items: list[tuple[EngineSession, ChunkResult | StreamFailed | None]]) -> None:
+def _put_all(items: list[tuple[EngineSession, ResultItem]]) -> None:
     """On the event loop: hand a step's results to their sessions, in order."""
     for session, item in items:
         session.results.put_nowait(item)

@@ -53,7 +53,7 @@ class Control:
     def status(self) -> dict[str, Any]:
         rec = self.state.engine.recognizer
         return {"model": self.state.model_name, "device": self.state.device, "dtype": self.state.dtype,
-                "streams": len(self.state.live), "capacity": rec.capacity,
+                "streams": self.state.streams(), "capacity": rec.capacity,
                 "chunk_ms": rec.geometry.chunk_ms, "decoder": getattr(rec.decoder, "mode", "eager"),
                 "encoder": rec.encoder_step.mode,
                 "draining": self.state.draining, "shutting_down": self.state.shutdown.is_set(),
@@ -61,14 +61,15 @@ class Control:
 
     def drain(self) -> dict[str, Any]:
         self.state.draining = True
-        log.info("admin: draining (no new streams; %d live)", len(self.state.live))
+        self.state.changed()
+        log.info("admin: draining (no new streams; %d live)", self.state.streams())
         return self.status()
 
     async def migrate(self, device: str | None, dtype: str | None) -> MigrationReport:
         async with self._lock:
             rec = self.state.engine.recognizer
             source = placement(rec.model)
-            report = MigrationReport(False, source, f"{device} {dtype}", 0.0, 0.0, len(self.state.live), at=time.time())
+            report = MigrationReport(False, source, f"{device} {dtype}", 0.0, 0.0, self.state.streams(), at=time.time())
             try:
                 dev = parse_device(device) if device else rec.model.device
                 dt = parse_dtype(dtype) if dtype else rec.model.dtype
@@ -83,11 +84,13 @@ class Control:
                 staged = await asyncio.to_thread(stage_cache, target, rec.capacity)
                 report.prepare_ms = (time.perf_counter() - t0) * 1000
                 self.state.cutting_over = True
+                self.state.changed()
                 try:
                     report.pause_ms, report.streams = await self.state.engine.call(
                         lambda r: cut_over(r, target, staged))
                 finally:
                     self.state.cutting_over = False
+                    self.state.changed()
                 report.ok = True
             except (ValueError, MigrationFailed, RuntimeError) as e:  # OOM is a RuntimeError
                 report.error = str(e)

@@ -3,18 +3,14 @@ one port, drain on SIGTERM/SIGINT."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
-import ssl
 import sys
-from pathlib import Path
-from http import HTTPStatus
-from typing import Any
 
 import numpy as np
 import torch
-from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.http11 import Request, Response
+from websockets.asyncio.server import Server, ServerConnection
 
 from streamd import systemd
 from streamd.config import Config
@@ -25,26 +21,16 @@ from streamd.engine.placement import DTYPE_NAMES, parse_device, parse_dtype
 from streamd.engine.recognizer import Recognizer
 from streamd.engine.scheduler import Engine
 from streamd.model.checkpoint import load_model, resolve_model_path
-from streamd.server.access import Access
 from streamd.server.admin import AdminServer, Control
-from streamd.server.handler import Connection, ServerState
-from streamd.server.metrics import CONTENT_TYPE, Metrics
-from streamd.server.http import GuardedConnection, quiet_client_handshake_faults, response, without_body
+from streamd.server.front import Front
+from streamd.server.frontends import FrontEnds
+from streamd.server.handler import ServerState
+from streamd.server.metrics import Metrics
 from streamd.server.protocol import STREAM_PATH
-from streamd.server.realtime import REALTIME_PATH, RealtimeConnection
-from streamd.server.secrets import read_token, warn_if_exposed
 
 log = logging.getLogger("streamd.server")
 # CUDA-graph decoders per octave of batch sizes: a step of few streams does not pay for capacity.
 DECODER_BUCKETS_PER_OCTAVE = 4
-STATIC = Path(__file__).resolve().parent / "static"
-# Messages websockets buffers per connection before it stops reading the socket: with a paced
-# (backlogged) client this bounds what one connection holds to RECEIVE_QUEUE * max_message_bytes.
-RECEIVE_QUEUE = 4
-# The browser client (microphone capture over the same websocket protocol).
-STATIC_FILES = {"/": ("index.html", "text/html; charset=utf-8"),
-                "/app.js": ("app.js", "text/javascript; charset=utf-8"),
-                "/capture-worklet.js": ("capture-worklet.js", "text/javascript; charset=utf-8")}
 
 
 def build_state(cfg: Config, metrics: Metrics) -> ServerState:
@@ -71,7 +57,7 @@ def build_state(cfg: Config, metrics: Metrics) -> ServerState:
 
     engine = Engine(rec, cfg.server.max_streams, e.batch_wait_ms / 1000, on_step)
     metrics.set_model(loaded.name, str(device), DTYPE_NAMES[dtype])
-    return ServerState(cfg, engine, loaded.tokenizer, metrics, loaded.name, loaded.model)
+    return ServerState(cfg, loaded.tokenizer, metrics, loaded.name, engine=engine, master=loaded.model)
 
 
 async def warm_up(engine: Engine) -> None:
@@ -84,73 +70,18 @@ async def warm_up(engine: Engine) -> None:
 
 
 class App:
+    """The daemon: engine, admin socket, and the stream port (served here, or by
+    `server.workers` front-end processes)."""
+
     def __init__(self, state: ServerState) -> None:
-        quiet_client_handshake_faults()
         self.state = state
         self.control = Control(state)
-        cfg = state.config.server
-        token = read_token(cfg.token_file, "stream token file") if cfg.token_file else None
-        self.access = Access(token, cfg.allowed_origins)
-        self.ready = False
-        self.connections: set[ServerConnection] = set()  # stream connections whose handler runs
-
-    def process_request(self, conn: ServerConnection, request: Request) -> Response | None:
-        """HTTP routes on the websocket port; None lets a stream handshake proceed."""
-        if isinstance(conn, GuardedConnection):
-            if conn.refusal is not None:
-                return conn.refusal
-            if conn.head_only:
-                r = self._route(request)
-                return without_body(r) if r is not None else response(
-                    HTTPStatus.METHOD_NOT_ALLOWED, b"", extra={"Allow": "GET"})
-        return self._route(request)
-
-    def _route(self, request: Request) -> Response | None:
-        path = request.path.split("?", 1)[0]
-        if path == "/livez":
-            return response(HTTPStatus.OK, b"ok\n")
-        if path == "/readyz":
-            if self.accepting and not self.state.cutting_over:
-                return response(HTTPStatus.OK, b"ready\n")
-            return response(HTTPStatus.SERVICE_UNAVAILABLE, b"not ready\n")
-        if path == "/metrics":
-            return response(HTTPStatus.OK, self.state.metrics.render(), CONTENT_TYPE)
-        if path in STATIC_FILES:
-            name, kind = STATIC_FILES[path]
-            return response(HTTPStatus.OK, (STATIC / name).read_bytes(), kind)
-        if path not in (STREAM_PATH, REALTIME_PATH):
-            return response(HTTPStatus.NOT_FOUND, b"not found\n")
-        if refusal := self.access.check(request.path, request.headers):
-            self.state.metrics.rejections.labels(reason=refusal.reason).inc()
-            extra = {"WWW-Authenticate": 'Bearer realm="streamd"'} if refusal.status == HTTPStatus.UNAUTHORIZED else None
-            return response(refusal.status, refusal.message.encode(), extra=extra)
-        if not self.accepting:
-            self.state.metrics.rejections.labels(reason="draining").inc()
-            return response(HTTPStatus.SERVICE_UNAVAILABLE, b"draining\n", extra={"Retry-After": "5"})
-        if len(self.state.live) >= self.state.config.server.max_streams:
-            self.state.metrics.rejections.labels(reason="overloaded").inc()
-            return response(HTTPStatus.SERVICE_UNAVAILABLE, b"at capacity\n", extra={"Retry-After": "1"})
-        return None
+        self.front = Front(state)
+        self.fronts: FrontEnds | None = None  # with `server.workers`
 
     @property
-    def accepting(self) -> bool:
-        """New streams are taken: warmed up, not draining, not shutting down."""
-        return self.ready and not self.state.draining and not self.state.shutdown.is_set()
-
-    async def handler(self, ws: ServerConnection) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self.state.live.add(task)
-        self.connections.add(ws)
-        self.state.metrics.connections.inc()
-        self.state.metrics.streams_active.inc()
-        try:
-            realtime = ws.request is not None and ws.request.path.split("?", 1)[0] == REALTIME_PATH
-            await (RealtimeConnection if realtime else Connection)(ws, self.state).run()
-        finally:
-            self.state.live.discard(task)
-            self.connections.discard(ws)
-            self.state.metrics.streams_active.dec()
+    def connections(self) -> set[ServerConnection]:
+        return self.front.connections
 
     async def serve(self, started: asyncio.Future[int] | None = None) -> None:
         """Run until SIGTERM/SIGINT (or `state.shutdown` is set); `started` receives the port."""
@@ -166,36 +97,36 @@ class App:
         # Python, each re-take waits up to this interval (CPython's default, 5 ms, made a busy
         # daemon's steps many times slower).
         sys.setswitchinterval(self.state.config.engine.gil_switch_ms / 1000)
-        tls = _tls_context(cfg.tls_cert, cfg.tls_key)
         admin = AdminServer(self.control, self.state.config.admin)
         await admin.start()  # first: a socket path in use fails the start before any work
         try:
             self.state.engine.start()
             await warm_up(self.state.engine)
-            async with serve(self.handler, cfg.host, cfg.port, process_request=self.process_request,
-                             max_size=cfg.max_message_bytes, max_queue=RECEIVE_QUEUE, compression=None,
-                             ssl=tls, create_connection=GuardedConnection,
-                             open_timeout=cfg.handshake_timeout_s) as server:
-                port = _bound_port(server)
-                self.ready = True
-                log.info("serving %s on %s://%s:%d%s (%s, %s)", self.state.model_name, "wss" if tls else "ws",
-                         cfg.host, port, STREAM_PATH, self.state.device, self.state.dtype)
+            async with contextlib.AsyncExitStack() as stack:
+                if cfg.workers:
+                    self.fronts = FrontEnds(self.state, cfg.workers)
+                    port = await self.fronts.start()
+                else:
+                    port = _bound_port(await stack.enter_async_context(self.front.listen()))
+                    self.front.ready = True
+                log.info("serving %s on %s://%s:%d%s (%s, %s%s)", self.state.model_name,
+                         "wss" if cfg.tls_cert else "ws", cfg.host, port, STREAM_PATH, self.state.device,
+                         self.state.dtype, f", {cfg.workers} front-end processes" if cfg.workers else "")
                 notifier.ready(f"serving on port {port}")
                 if started is not None:
                     started.set_result(port)
                 watchdog = asyncio.create_task(_watchdog(notifier))
                 await self.state.shutdown.wait()
-                notifier.stopping(f"draining {len(self.state.live)} streams")
-                log.info("draining %d streams", len(self.state.live))
-                # Keep listening while draining: /readyz and new handshakes get 503 (see `accepting`).
-                if self.state.live:
-                    await asyncio.wait(set(self.state.live), timeout=cfg.drain_timeout_s)
-                if self.connections:  # past the drain timeout (e.g. a client that never reads): cut them
-                    log.warning("drain timeout: dropping %d connections", len(self.connections))
-                    for ws in self.connections:
-                        ws.transport.abort()
+                notifier.stopping(f"draining {self.state.streams()} streams")
+                log.info("draining %d streams", self.state.streams())
+                if self.fronts is not None:
+                    await self.fronts.stop()
+                else:
+                    await self.front.drain()
                 watchdog.cancel()
         finally:
+            if self.fronts is not None:
+                await self.fronts.kill()
             await admin.stop()
             await self.state.engine.stop()
 
@@ -211,12 +142,3 @@ async def _watchdog(notifier: systemd.Notifier) -> None:
 
 def _bound_port(server: Server) -> int:
     return int(next(iter(server.sockets)).getsockname()[1])
-
-
-def _tls_context(cert: Any, key: Any) -> ssl.SSLContext | None:
-    if cert is None:
-        return None
-    warn_if_exposed(Path(key or cert), "TLS private key")
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(str(cert), str(key) if key else None)
-    return ctx

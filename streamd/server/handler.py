@@ -11,7 +11,9 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from websockets.asyncio.server import ServerConnection
@@ -21,9 +23,8 @@ from streamd.audio.pcm import PcmDecoder
 from streamd.config import Config
 from streamd.decoding.tokenizer import Tokenizer
 from streamd.engine.endpoint import FRAME_MS
-from streamd.engine.placement import DTYPE_NAMES
 from streamd.engine.recognizer import CapacityError, ChunkResult
-from streamd.engine.scheduler import Engine, EngineSession, StreamFailed
+from streamd.engine.scheduler import Engine, EngineClient, EngineSession, StreamFailed
 from streamd.engine.utterances import Utterance, UtteranceTracker
 from streamd.model.transducer import Transducer
 from streamd.errors import (BacklogExceeded, IdleTimeout, InternalError, Overloaded, SessionExpired, SlowConsumer,
@@ -35,28 +36,70 @@ log = logging.getLogger("streamd.server")
 FRAME_S = FRAME_MS / 1000
 
 
+class Census:
+    """Open streams of every front-end process, in shared memory: process i writes slot i."""
+
+    def __init__(self, slots: Any) -> None:
+        self.slots = slots  # multiprocessing.Array("i", n, lock=False)
+
+    def set(self, index: int, streams: int) -> None:
+        self.slots[index] = streams
+
+    def total(self) -> int:
+        return int(sum(self.slots))
+
+
 @dataclass
-class ServerState:
-    """What every connection shares."""
+class StreamContext:
+    """What every connection of one process shares: the engine's own process, or a front-end
+    process (`server/worker.py`)."""
 
     config: Config
-    engine: Engine
+    engine: EngineClient
     tokenizer: Tokenizer
     metrics: Metrics
     model_name: str
-    master: Transducer  # fp32 CPU weights as loaded; every placement is made from them
     shutdown: asyncio.Event = field(default_factory=asyncio.Event)
     live: set[asyncio.Task[None]] = field(default_factory=set)
     draining: bool = False  # admin drain: no new streams, live ones go on
     cutting_over: bool = False  # a migration is swapping the model in
+    census: Census | None = None  # with front-end processes: the daemon's streams
+    census_slot: int = 0  # this process's slot in `census`
+    listeners: list[Callable[[], None]] = field(default_factory=list)  # told of `changed()`
 
     @property
     def device(self) -> str:
-        return str(self.engine.recognizer.model.device)
+        return self.engine.status.device
 
     @property
     def dtype(self) -> str:
-        return DTYPE_NAMES[self.engine.recognizer.model.dtype]
+        return self.engine.status.dtype
+
+    @property
+    def chunk_ms(self) -> int:
+        return self.engine.status.chunk_ms
+
+    def streams(self) -> int:
+        """Open streams of the whole daemon."""
+        return self.census.total() if self.census is not None else len(self.live)
+
+    def count_live(self) -> None:
+        """Publish this process's open streams (after `live` changed)."""
+        if self.census is not None:
+            self.census.set(self.census_slot, len(self.live))
+
+    def changed(self) -> None:
+        """Draining, cutting over, device or dtype changed: tell the listeners (front ends)."""
+        for notify in self.listeners:
+            notify()
+
+
+@dataclass
+class ServerState(StreamContext):
+    """The engine's process: the engine itself and the weights every placement is made from."""
+
+    engine: Engine = field(kw_only=True)
+    master: Transducer = field(kw_only=True)  # fp32 CPU weights as loaded
 
 
 @dataclass
@@ -68,7 +111,7 @@ class Segment:
 
 
 class Connection:
-    def __init__(self, ws: ServerConnection, state: ServerState) -> None:
+    def __init__(self, ws: ServerConnection, state: StreamContext) -> None:
         self.ws, self.state = ws, state
         self.proto = p.SessionProtocol()
         self.id = uuid.uuid4().hex[:12]
@@ -82,7 +125,7 @@ class Connection:
         # At least 3 chunks: the first result needs a chunk plus the lookahead, so a smaller limit
         # would hold a paced client back before anything could be decoded.
         self.backlog_limit_s = max(state.config.server.max_backlog_s,
-                                   3 * state.engine.recognizer.geometry.chunk_ms / 1000)
+                                   3 * state.chunk_ms / 1000)
         self._progress = asyncio.Event()  # set whenever `decoded_s` moves
         self.started = time.monotonic()
         self.start: p.Start | None = None
@@ -130,7 +173,7 @@ class Connection:
         sender: asyncio.Task[None] | None = None
         try:
             await self._send(p.Ready(self.id, self.state.model_name, self.state.device, self.state.dtype,
-                                     self.state.engine.recognizer.geometry.chunk_ms, msg.sample_rate, rules,
+                                     self.state.chunk_ms, msg.sample_rate, rules,
                                      cfg.idle_timeout_s, cfg.max_session_s))
             sender = asyncio.create_task(self._sender(rules))
             sender.add_done_callback(self._sender_done)

@@ -7,6 +7,8 @@ it was sent, so they measure the pipeline, not the network.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -17,6 +19,7 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.gc_collector import GCCollector
+from prometheus_client.metrics_core import Metric
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
@@ -88,6 +91,11 @@ class Metrics:
         self.migration_pause = Histogram(
             "migration_pause_seconds", "Time streams were paused during a migration.",
             namespace=ns, registry=r, buckets=_PAUSE_BUCKETS)
+        # Recorded by connections: in a front-end process (`server/worker.py`) these are sent to
+        # the engine's process, whose /metrics adds them to its own.
+        self.front = (self.streams_active, self.connections, self.rejections, self.audio_seconds,
+                      self.partial_latency, self.final_latency, self.backlog, self.endpoints)
+        self._remote: dict[int, list[Metric]] = {}
         for counter, labels in ((self.rejections, REJECTION_REASONS),
                                 (self.endpoints, ENDPOINT_RULES),
                                 (self.backlog, BACKLOG_ACTIONS),
@@ -105,6 +113,42 @@ class Metrics:
         self.batch_size.observe(batch_size)
         self.realtime_factor.set(seconds / chunk_seconds)
 
+    def front_snapshot(self) -> list[Metric]:
+        """The connection-side families as they stand (plain data: they cross processes)."""
+        return [family for metric in self.front for family in metric.collect()]
+
+    def set_remote(self, source: int, families: list[Metric]) -> None:
+        """The latest `front_snapshot()` of front-end process `source`, added at `render()`."""
+        self._remote[source] = families
+
     def render(self) -> bytes:
         """The text exposition format; serve it with ``CONTENT_TYPE``."""
-        return generate_latest(self.registry)
+        if not self._remote:
+            return generate_latest(self.registry)
+        merged = CollectorRegistry(auto_describe=False)
+        merged.register(_Sum(self.registry, [f for fams in self._remote.values() for f in fams]))
+        return generate_latest(merged)
+
+
+class _Sum:
+    """`base`'s families with the samples of same-named `extra` families added (counters,
+    histograms and the open-streams gauge: every family a front end sends is a sum)."""
+
+    def __init__(self, base: CollectorRegistry, extra: list[Metric]) -> None:
+        self.base, self.extra = base, extra
+
+    def collect(self) -> Iterator[Metric]:
+        by_name: dict[str, list[Metric]] = {}
+        for family in self.extra:
+            by_name.setdefault(family.name, []).append(family)
+        for family in self.base.collect():
+            samples = {(s.name, tuple(sorted(s.labels.items()))): s for s in family.samples}
+            for other in by_name.get(family.name, ()):
+                for s in other.samples:
+                    if s.name.endswith("_created"):
+                        continue
+                    key = (s.name, tuple(sorted(s.labels.items())))
+                    mine = samples.get(key)
+                    samples[key] = s if mine is None else mine._replace(value=mine.value + s.value)
+            family.samples = list(samples.values())
+            yield family

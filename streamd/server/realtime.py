@@ -30,7 +30,7 @@ from streamd.audio.pcm import MAX_SAMPLE_RATE, MIN_SAMPLE_RATE, PcmDecoder
 from streamd.config import MAX_ENDPOINT_MS
 from streamd.errors import MAX_ECHO_CHARS, SessionExpired, SlowConsumer, StreamdError, echo
 from streamd.server import protocol as p
-from streamd.server.handler import Connection, Segment, ServerState
+from streamd.server.handler import Connection, Segment, StreamContext
 
 log = logging.getLogger("streamd.server")
 
@@ -245,7 +245,7 @@ class RealtimeConnection(Connection):
     The engine stream starts at the first ``append``; the session settings are fixed from then on.
     """
 
-    def __init__(self, ws: ServerConnection, state: ServerState) -> None:
+    def __init__(self, ws: ServerConnection, state: StreamContext) -> None:
         super().__init__(ws, state)
         assert ws.request is not None
         self.beta = "realtime=v1" in ws.request.headers.get("OpenAI-Beta", "")

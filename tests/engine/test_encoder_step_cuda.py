@@ -4,6 +4,7 @@ between steps (dtype, device, CPU and back), memory given back on re-capture, an
 fails leaving the step (and CUDA) working."""
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from helpers import random_model, run_streams, synthetic_audio
+from streamd.audio.features import logmel_many
 from streamd.decoding.graphs import make_decoder
 from streamd.decoding.greedy import GreedyLabelLooping
 from streamd.engine.encoder_step import EAGER, GRAPHS, EncoderGraphBackend, EncoderStep
@@ -107,6 +109,22 @@ def test_tokens_identical_with_graphs_in_encoder_and_decoder() -> None:
     got, step = streams("cuda", graph_step, lambda m: make_decoder(m, "auto", per_octave=4))
     assert got == want and sum(len(t) for t, _ in want) > 0
     assert step.mode == GRAPHS and step.fallbacks == 0
+
+
+def test_features_on_the_gpu_equal_features_on_the_cpu() -> None:
+    """The daemon computes a step's log-mel frames on the model's device; the CPU path is the
+    reference: frames within 1e-4 (log domain), identical tokens."""
+    m = random_model(4, att_context_sizes=CONTEXT)
+    rng = np.random.default_rng(0)
+    segments = [rng.normal(0, 0.1, int(n)).astype(np.float32) for n in rng.integers(512, 20000, 40)]
+    cpu = logmel_many(m.preprocessor, segments)
+    gpu = logmel_many(copy.deepcopy(m.preprocessor).cuda(), segments)
+    for a, b in zip(cpu, gpu):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-4)
+    m = m.cuda()
+    want, _ = run_streams(m, greedy(m), AUDIOS, STARTS, seed=1, features="cpu")
+    got, _ = run_streams(m, greedy(m), AUDIOS, STARTS, seed=1, features="model")
+    assert got == want and sum(len(t) for t, _ in want) > 0
 
 
 # -- moves between steps -----------------------------------------------------------------------

@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Where one engine step's time goes (issue 13, item 1): N streams that all have a chunk ready,
+stepped by the daemon's `Recognizer` under cProfile, summed by phase.
+
+Phases: features (each stream's queued audio to the batched log-mel), window assembly, the
+encoder step, the decoder, results (labels read back, per-stream bookkeeping). On a GPU the step
+synchronises once, when the labels are read back: GPU time shows up in the phase that waits
+for it (`to_lists`), so the report also times the same steps without the profiler.
+
+    python scripts/profile_engine_step.py --device cuda --dtype bf16 --chunk-ms 160 --streams 1792
+    python scripts/profile_engine_step.py --model M.pt --device cpu --dtype fp32 --streams 160 --graphs off
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import load  # noqa: E402
+
+from streamd.decoding.graphs import EAGER, make_decoder  # noqa: E402
+from streamd.engine.encoder_step import make_encoder_step  # noqa: E402
+from streamd.engine.migration import prepare  # noqa: E402
+from streamd.engine.placement import parse_device, parse_dtype  # noqa: E402
+from streamd.engine.recognizer import Recognizer  # noqa: E402
+from streamd.model.checkpoint import load_model  # noqa: E402
+
+CHUNK_RC = {80: 0, 160: 1, 560: 6, 1120: 13}
+PHASES = {
+    "features (feature_segment, logmel_many)": ("stream.py:feature_segment", "features.py:logmel_many"),
+    "windows (take_window, add_frames)": ("stream.py:take_window", "stream.py:add_frames"),
+    "encoder step (launch or replay)": ("encoder_step.py:__call__",),
+    "decoder (launch or replay)": ("greedy.py:__call__", "graphs.py:__call__"),
+    "labels read back (waits for the GPU)": ("greedy.py:to_lists", "state.py:to_lists"),
+    "results (per-stream bookkeeping)": ("recognizer.py:_results",),
+    "slot state (index_select / index_copy)": ("state.py:index_select", "state.py:index_copy_"),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", help="model file (default: a random FastConformer-L, bench_migration.make_model)")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--graphs", default="on", choices=("on", "off"))
+    ap.add_argument("--chunk-ms", type=int, default=160, choices=sorted(CHUNK_RC))
+    ap.add_argument("--streams", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--features", default="model", choices=("model", "cpu"),
+                    help="where a step's log-mel frames are computed (default: the model's device)")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    path = args.model
+    if path is None:
+        from bench_migration import make_model
+
+        path = Path(tempfile.mkdtemp()) / "fastconformer-l-random.pt"
+        make_model(path, vocab=1024)
+    loaded = load_model(path)
+    left = loaded.model.encoder.att_context[0]
+    model = prepare(loaded.model, parse_device(args.device), parse_dtype(args.dtype),
+                    att_context=(left, CHUNK_RC[args.chunk_ms]))
+    n = args.streams
+    mode = "auto" if args.graphs == "on" else EAGER
+    rec = Recognizer(model, capacity=n, decoder_factory=lambda m: make_decoder(m, mode, per_octave=4),
+                     encoder_factory=lambda m: make_encoder_step(m, mode, n), features=args.features)
+    tone = np.frombuffer(load.tone_bursts(seconds=20.0).pcm, dtype="<i2").astype(np.float32) / 32768
+    streams = [rec.open() for _ in range(n)]
+    chunk = 160 * 8 * (rec.geometry.right + 1)
+    pos = [int(x) for x in np.random.default_rng(0).integers(0, tone.size - chunk, n)]
+    for s in streams:
+        s.push_audio(tone[: 160 * 50])
+
+    def step() -> float:
+        for k, s in enumerate(streams):
+            p = pos[k] % (tone.size - chunk)
+            s.push_audio(tone[p: p + chunk])
+            pos[k] += chunk
+        t0 = time.perf_counter()
+        rec.step(streams)
+        return time.perf_counter() - t0
+
+    for _ in range(3):  # captures graphs for this batch size
+        step()
+    plain = [step() for _ in range(args.steps)]
+    prof = cProfile.Profile()
+    prof.enable()
+    profiled = [step() for _ in range(args.steps)]
+    prof.disable()
+    st = pstats.Stats(prof)
+    total = sum(profiled)
+
+    def cum(patterns: tuple[str, ...]) -> float:
+        """Cumulative time per pattern (the largest match: the outermost of nested same-named
+        calls, e.g. a bucketed decoder calling its graph decoder), summed over the patterns."""
+        stats = st.stats  # type: ignore[attr-defined]
+        return sum(max((v[3] for k, v in stats.items() if p in f"{Path(k[0]).name}:{k[2]}"), default=0.0)
+                   for p in patterns)
+
+    rows = {name: cum(pats) / args.steps for name, pats in PHASES.items()}
+    step_ms = 1000 * float(np.median(plain))
+    print(f"{n} streams, {args.chunk_ms} ms chunks, {args.device} {args.dtype}, graphs {args.graphs}, "
+          f"features on {args.features}: "
+          f"step {step_ms:.1f} ms median without the profiler ({1000 * total / args.steps:.1f} ms with it; "
+          f"chunk {args.chunk_ms} ms)")
+    for name, sec in rows.items():
+        print(f"  {name:45s} {1000 * sec:8.1f} ms  {100 * sec * args.steps / total:5.1f} %")
+    st.sort_stats("tottime").print_stats(15)
+    if args.json:
+        args.json.write_text(json.dumps({"streams": n, "chunk_ms": args.chunk_ms, "device": args.device,
+                                         "dtype": args.dtype, "graphs": args.graphs, "features": args.features,
+                                         "step_ms": step_ms,
+                                         "profiled_step_ms": 1000 * total / args.steps,
+                                         "phases_ms": {k: 1000 * v for k, v in rows.items()},
+                                         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None},
+                                        indent=1))
+
+
+if __name__ == "__main__":
+    main()

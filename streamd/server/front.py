@@ -1,0 +1,140 @@
+"""The stream port of one process: HTTP routes (health, metrics, the browser page), stream
+sessions, and their drain on shutdown. Runs in the engine's process, or in each front-end
+process (`server/worker.py`)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import ssl
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from http import HTTPStatus
+from pathlib import Path
+from typing import Any
+
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.http11 import Request, Response
+
+from streamd.server.access import Access
+from streamd.server.handler import Connection, StreamContext
+from streamd.server.http import GuardedConnection, quiet_client_handshake_faults, response, without_body
+from streamd.server.metrics import CONTENT_TYPE
+from streamd.server.protocol import STREAM_PATH
+from streamd.server.realtime import REALTIME_PATH, RealtimeConnection
+from streamd.server.secrets import read_token, warn_if_exposed
+
+log = logging.getLogger("streamd.server")
+STATIC = Path(__file__).resolve().parent / "static"
+# Messages websockets buffers per connection before it stops reading the socket: with a paced
+# (backlogged) client this bounds what one connection holds to RECEIVE_QUEUE * max_message_bytes.
+RECEIVE_QUEUE = 4
+# The browser client (microphone capture over the same websocket protocol).
+STATIC_FILES = {"/": ("index.html", "text/html; charset=utf-8"),
+                "/app.js": ("app.js", "text/javascript; charset=utf-8"),
+                "/capture-worklet.js": ("capture-worklet.js", "text/javascript; charset=utf-8")}
+
+
+class Front:
+    """The stream port of one process: HTTP routes, stream sessions, and their drain on shutdown.
+    Runs in the engine's process, or in each front-end process (`server/worker.py`)."""
+
+    def __init__(self, state: StreamContext, metrics_text: Callable[[], Awaitable[bytes]] | None = None) -> None:
+        quiet_client_handshake_faults()
+        self.state = state
+        self.metrics_text = metrics_text
+        cfg = state.config.server
+        token = read_token(cfg.token_file, "stream token file") if cfg.token_file else None
+        self.access = Access(token, cfg.allowed_origins)
+        self.ready = False
+        self.connections: set[ServerConnection] = set()  # stream connections whose handler runs
+
+    async def process_request(self, conn: ServerConnection, request: Request) -> Response | None:
+        """HTTP routes on the websocket port; None lets a stream handshake proceed."""
+        if isinstance(conn, GuardedConnection):
+            if conn.refusal is not None:
+                return conn.refusal
+            if conn.head_only:
+                r = await self._route(request)
+                return without_body(r) if r is not None else response(
+                    HTTPStatus.METHOD_NOT_ALLOWED, b"", extra={"Allow": "GET"})
+        return await self._route(request)
+
+    async def _route(self, request: Request) -> Response | None:
+        path = request.path.split("?", 1)[0]
+        if path == "/livez":
+            return response(HTTPStatus.OK, b"ok\n")
+        if path == "/readyz":
+            if self.accepting and not self.state.cutting_over:
+                return response(HTTPStatus.OK, b"ready\n")
+            return response(HTTPStatus.SERVICE_UNAVAILABLE, b"not ready\n")
+        if path == "/metrics":
+            text = await self.metrics_text() if self.metrics_text else self.state.metrics.render()
+            return response(HTTPStatus.OK, text, CONTENT_TYPE)
+        if path in STATIC_FILES:
+            name, kind = STATIC_FILES[path]
+            return response(HTTPStatus.OK, (STATIC / name).read_bytes(), kind)
+        if path not in (STREAM_PATH, REALTIME_PATH):
+            return response(HTTPStatus.NOT_FOUND, b"not found\n")
+        if refusal := self.access.check(request.path, request.headers):
+            self.state.metrics.rejections.labels(reason=refusal.reason).inc()
+            extra = {"WWW-Authenticate": 'Bearer realm="streamd"'} if refusal.status == HTTPStatus.UNAUTHORIZED else None
+            return response(refusal.status, refusal.message.encode(), extra=extra)
+        if not self.accepting:
+            self.state.metrics.rejections.labels(reason="draining").inc()
+            return response(HTTPStatus.SERVICE_UNAVAILABLE, b"draining\n", extra={"Retry-After": "5"})
+        if self.state.streams() >= self.state.config.server.max_streams:
+            self.state.metrics.rejections.labels(reason="overloaded").inc()
+            return response(HTTPStatus.SERVICE_UNAVAILABLE, b"at capacity\n", extra={"Retry-After": "1"})
+        return None
+
+    @property
+    def accepting(self) -> bool:
+        """New streams are taken: warmed up, not draining, not shutting down."""
+        return self.ready and not self.state.draining and not self.state.shutdown.is_set()
+
+    async def handler(self, ws: ServerConnection) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.state.live.add(task)
+        self.state.count_live()
+        self.connections.add(ws)
+        self.state.metrics.connections.inc()
+        self.state.metrics.streams_active.inc()
+        try:
+            realtime = ws.request is not None and ws.request.path.split("?", 1)[0] == REALTIME_PATH
+            await (RealtimeConnection if realtime else Connection)(ws, self.state).run()
+        finally:
+            self.state.live.discard(task)
+            self.state.count_live()
+            self.connections.discard(ws)
+            self.state.metrics.streams_active.dec()
+
+    def listen(self, sock: socket.socket | None = None) -> AbstractAsyncContextManager[Server]:
+        """The websocket server (an async context manager): on `sock` if given (a front-end
+        process's SO_REUSEPORT socket), else on the configured host and port."""
+        cfg = self.state.config.server
+        where: dict[str, Any] = {"sock": sock} if sock is not None else {"host": cfg.host, "port": cfg.port}
+        return serve(self.handler, **where, process_request=self.process_request,
+                     max_size=cfg.max_message_bytes, max_queue=RECEIVE_QUEUE, compression=None,
+                     ssl=_tls_context(cfg.tls_cert, cfg.tls_key), create_connection=GuardedConnection,
+                     open_timeout=cfg.handshake_timeout_s)
+
+    async def drain(self) -> None:
+        """After shutdown began: let live streams finish within drain_timeout_s, then cut the rest.
+        The port keeps listening meanwhile: /readyz and new handshakes get 503 (see `accepting`)."""
+        if self.state.live:
+            await asyncio.wait(set(self.state.live), timeout=self.state.config.server.drain_timeout_s)
+        if self.connections:  # past the drain timeout (e.g. a client that never reads): cut them
+            log.warning("drain timeout: dropping %d connections", len(self.connections))
+            for ws in self.connections:
+                ws.transport.abort()
+
+
+def _tls_context(cert: Any, key: Any) -> ssl.SSLContext | None:
+    if cert is None:
+        return None
+    warn_if_exposed(Path(key or cert), "TLS private key")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(str(cert), str(key) if key else None)
+    return ctx

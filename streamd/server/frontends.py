@@ -1,0 +1,282 @@
+"""Front-end processes: `server.workers` websocket event loops sharing the daemon's port
+(SO_REUSEPORT), each bridged to the engine in this process by a pipe.
+
+A front end runs the protocol, sessions and everything per message (`server/worker.py`); this
+process keeps only the engine thread, the admin socket and two threads per front end: one hands
+the front end's commands to the engine (one pipe message carries every stream's audio of one
+event-loop iteration there; one `Engine.post_many` here), one sends it the results the engine
+delivers to its streams (one pipe message per engine hand-over). So the engine's process does no
+per-message websocket or JSON work, and its GIL is not shared with any event loop.
+
+Pipe messages are lists of tuples; worker -> engine:
+  ("open", sid) ("audio", sid, float32 samples) ("end", sid) ("close", sid)
+  ("metrics", families) ("metrics_text", request) ("up", pid)
+engine -> worker:
+  ("opened", sid, error or None) ("result", sid, tokens, times, frame_start, frame_end)
+  ("failed", sid, message) ("done", sid) ("status", EngineStatus, draining, cutting_over)
+  ("metrics_text", request, bytes) ("shutdown",)
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import queue
+import socket
+import threading
+from concurrent.futures import Future
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from streamd.config import Config
+from streamd.engine.scheduler import EngineSession, EngineStatus, ResultItem, StreamFailed
+from streamd.server.handler import Census, ServerState
+
+log = logging.getLogger("streamd.server")
+START_TIMEOUT_S = 120.0  # a front end imports torch and websockets before it listens
+Message = tuple[Any, ...]
+
+
+@dataclass
+class WorkerSpec:
+    """Everything a front-end process starts from (pickled to it by `spawn`)."""
+
+    index: int
+    conn: Connection
+    config: Config
+    tokenizer: bytes  # the SentencePiece model proto
+    model_name: str
+    status: EngineStatus
+    census: Any  # multiprocessing.Array("i", workers, lock=False)
+    port: int
+    log_level: str
+    log_format: str
+
+
+class Bridge:
+    """The engine's side of one front-end process: its streams' sessions and the two threads."""
+
+    def __init__(self, index: int, state: ServerState, conn: Connection,
+                 process: multiprocessing.process.BaseProcess, on_lost: Callable[[Bridge], None]) -> None:
+        self.index, self.state, self.conn, self.process = index, state, conn, process
+        self._on_lost = on_lost
+        self.sessions: dict[int, EngineSession] = {}
+        self.up: Future[int] = Future()
+        self._out: queue.SimpleQueue[list[Message] | None] = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._receive, name=f"streamd-front{index}-in", daemon=True),
+                         threading.Thread(target=self._send_all, name=f"streamd-front{index}-out", daemon=True)]
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def send(self, messages: list[Message]) -> None:
+        self._out.put(messages)
+
+    def stop(self) -> None:
+        self._out.put(None)
+
+    # -- front end -> engine --------------------------------------------------------------------
+    def _receive(self) -> None:
+        engine = self.state.engine
+        while True:
+            try:
+                messages: list[Message] = self.conn.recv()
+            except (EOFError, OSError):
+                break
+            batch: list[tuple[str, EngineSession, Any]] = []
+            for m in messages:
+                kind = m[0]
+                if kind == "audio":
+                    if (s := self.sessions.get(m[1])) is not None:
+                        batch.append(("audio", s, m[2]))
+                elif kind == "end" or kind == "close":
+                    s = self.sessions.get(m[1]) if kind == "end" else self.sessions.pop(m[1], None)
+                    if s is not None:
+                        s.closed = s.closed or kind == "close"
+                        batch.append((kind, s, None))
+                elif kind == "open":
+                    self._open(m[1])
+                elif kind == "metrics":
+                    self.state.metrics.set_remote(self.index, m[1])
+                elif kind == "metrics_text":
+                    self.send([("metrics_text", m[1], self.state.metrics.render())])
+                elif kind == "up":
+                    self.up.set_result(m[1])
+            if batch:
+                engine.post_many(batch)
+        self._lost()
+
+    def _open(self, sid: int) -> None:
+        session = EngineSession(sink=self._deliver, sid=sid)
+        self.sessions[sid] = session
+
+        def opened(fut: Future[None]) -> None:  # on the engine thread
+            err = fut.exception()
+            if err is not None:
+                self.sessions.pop(sid, None)
+            self.send([("opened", sid, None if err is None else str(err))])
+
+        self.state.engine.open_session(session).add_done_callback(opened)
+
+    def _lost(self) -> None:
+        """The front end exited (or its pipe broke): its streams' slots are freed."""
+        gone = list(self.sessions.values())
+        self.sessions.clear()
+        if gone:
+            self.state.engine.post_many([("close", s, None) for s in gone])
+        came_up = self.up.done()
+        if not came_up:
+            self.up.set_exception(RuntimeError(f"front end {self.index} exited before listening"))
+        self.stop()
+        if came_up:
+            self._on_lost(self)
+
+    # -- engine -> front end --------------------------------------------------------------------
+    def _deliver(self, items: list[tuple[EngineSession, ResultItem]]) -> None:
+        """The engine's sink for this front end's sessions (on the engine thread)."""
+        out: list[Message] = []
+        for s, item in items:
+            if item is None:
+                out.append(("done", s.sid))
+                self.sessions.pop(s.sid, None)
+            elif isinstance(item, StreamFailed):
+                out.append(("failed", s.sid, str(item)))
+            else:
+                out.append(("result", s.sid, item.tokens, item.times, item.frame_start, item.frame_end))
+        self.send(out)
+
+    def _send_all(self) -> None:
+        """Pickle and write on this thread: the engine thread only queues."""
+        while (messages := self._out.get()) is not None:
+            while True:  # whatever queued up meanwhile goes in the same pipe message
+                try:
+                    more = self._out.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    self._write(messages)
+                    return
+                messages = messages + more
+            if not self._write(messages):
+                return
+
+    def _write(self, messages: list[Message]) -> bool:
+        try:
+            self.conn.send(messages)
+            return True
+        except (OSError, ValueError):  # the front end is gone; `_receive` cleans up
+            return False
+
+
+class FrontEnds:
+    """Starts, informs and stops the front-end processes of one daemon."""
+
+    def __init__(self, state: ServerState, workers: int) -> None:
+        self.state, self.workers = state, workers
+        self._ctx = multiprocessing.get_context("spawn")  # no fork of a process with threads or CUDA
+        self.census = Census(self._ctx.Array("i", workers, lock=False))
+        self.bridges: list[Bridge] = []
+        self.port = 0
+        self._reserved: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = False
+
+    async def start(self) -> int:
+        """Start every front end; returns the port once all listen."""
+        cfg = self.state.config.server
+        self._loop = asyncio.get_running_loop()
+        self._reserved = reserve_port(cfg.host, cfg.port)
+        self.port = int(self._reserved.getsockname()[1])
+        self.state.census = self.census
+        self.state.listeners.append(self.publish)
+        self.bridges = [self._spawn(i) for i in range(self.workers)]
+        pids = await asyncio.wait_for(asyncio.gather(*(asyncio.wrap_future(b.up) for b in self.bridges)),
+                                      START_TIMEOUT_S)
+        log.info("%d front-end processes listening (pids %s)", self.workers, " ".join(map(str, pids)))
+        return self.port
+
+    def _spawn(self, index: int) -> Bridge:
+        from streamd.server.worker import run  # the front end's entry point (it imports this module)
+
+        cfg = self.state.config
+        ours, theirs = self._ctx.Pipe(duplex=True)
+        spec = WorkerSpec(index, theirs, cfg, self.state.tokenizer.model_proto, self.state.model_name,
+                          self.state.engine.status, self.census.slots, self.port, cfg.log.level, cfg.log.format)
+        process = self._ctx.Process(target=run, args=(spec,), name=f"streamd-front{index}", daemon=True)
+        process.start()
+        theirs.close()
+        bridge = Bridge(index, self.state, ours, process, self._lost)
+        bridge.start()
+        # what changed while it started (a drain, a migration) reaches it after its spec
+        bridge.send([self._status()])
+        return bridge
+
+    def _lost(self, bridge: Bridge) -> None:
+        """A front end exited on its own (on its bridge's thread): start another in its place."""
+        self.census.set(bridge.index, 0)
+        if self._stopping or self._loop is None:
+            return
+        log.error("front end %d (pid %s) exited unexpectedly; starting another", bridge.index, bridge.process.pid)
+        self._loop.call_soon_threadsafe(self._replace, bridge)
+
+    def _replace(self, bridge: Bridge) -> None:
+        if self._stopping or self.bridges[bridge.index] is not bridge:
+            return
+        bridge.process.join(1.0)
+        bridge.conn.close()
+        self.bridges[bridge.index] = self._spawn(bridge.index)
+
+    def _status(self) -> Message:
+        return ("status", self.state.engine.status, self.state.draining, self.state.cutting_over)
+
+    def publish(self) -> None:
+        """Send every front end the engine's status and the daemon's draining / cut-over flags."""
+        msg = self._status()
+        for b in self.bridges:
+            b.send([msg])
+
+    async def stop(self) -> None:
+        """Shut the front ends down: each drains its streams (drain_timeout_s), then exits."""
+        self._stopping = True
+        for b in self.bridges:
+            b.send([("shutdown",)])
+        wait_s = self.state.config.server.drain_timeout_s + 2 * self.state.config.server.send_timeout_s
+        await asyncio.gather(*(asyncio.to_thread(b.process.join, wait_s) for b in self.bridges))
+
+    async def kill(self) -> None:
+        """Whatever is still running after `stop` (or a failed start) is terminated."""
+        self._stopping = True
+        for b in self.bridges:
+            if b.process.is_alive():
+                log.warning("front end %d did not exit: terminating it", b.index)
+                b.process.terminate()
+        await asyncio.gather(*(asyncio.to_thread(b.process.join, 5.0) for b in self.bridges))
+        for b in self.bridges:
+            b.stop()
+            b.conn.close()
+        if self._reserved is not None:
+            self._reserved.close()
+
+
+def reserve_port(host: str, port: int) -> socket.socket:
+    """A bound, not listening SO_REUSEPORT socket: it holds the port (a free one for port 0)
+    that every front end then listens on."""
+    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(addr)
+    return sock
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A front end's own listening socket on the shared port."""
+    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(addr)
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock

@@ -1,0 +1,207 @@
+"""A front-end process: the stream port's event loop (websockets, protocol, sessions) with the
+engine in the daemon's main process, reached through a pipe (`server/frontends.py`).
+
+`RemoteEngine` stands in for the `Engine`: `Connection` cannot tell them apart. Commands of one
+event-loop iteration go to the engine in one pipe message; results come back the same way.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import signal
+import threading
+from typing import Any
+
+import numpy as np
+
+from streamd import log as logsetup
+from streamd.decoding.tokenizer import Tokenizer
+from streamd.engine.recognizer import CapacityError, ChunkResult
+from streamd.engine.scheduler import EngineSession, EngineStatus, StreamFailed
+from streamd.server.front import Front
+from streamd.server.frontends import Message, WorkerSpec, listening_socket
+from streamd.server.handler import Census, StreamContext
+from streamd.server.metrics import Metrics
+
+log = logging.getLogger("streamd.server")
+METRICS_PUSH_S = 1.0  # how often the connection-side metrics go to the engine's process
+METRICS_TEXT_TIMEOUT_S = 5.0
+
+
+def run(spec: WorkerSpec) -> None:
+    """Entry point of a front-end process."""
+    logsetup.configure(spec.log_level, spec.log_format)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the main process decides
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    asyncio.run(_serve(spec))
+
+
+async def _serve(spec: WorkerSpec) -> None:
+    engine = RemoteEngine(spec.conn, spec.status)
+    state = StreamContext(spec.config, engine, Tokenizer(spec.tokenizer), Metrics(process=False),
+                          spec.model_name, census=Census(spec.census), census_slot=spec.index)
+    engine.start(state)
+    front = Front(state, metrics_text=engine.metrics_text)
+    sock = listening_socket(spec.config.server.host, spec.port)
+    async with front.listen(sock):
+        front.ready = True
+        engine.post(("up", os.getpid()))
+        pusher = asyncio.create_task(_push_metrics(engine, state.metrics))
+        await state.shutdown.wait()
+        await front.drain()
+        pusher.cancel()
+    engine.post(("metrics", state.metrics.front_snapshot()))
+    engine.stop()
+
+
+async def _push_metrics(engine: RemoteEngine, metrics: Metrics) -> None:
+    while True:
+        engine.post(("metrics", metrics.front_snapshot()))
+        await asyncio.sleep(METRICS_PUSH_S)
+
+
+class RemoteEngine:
+    """The engine as a front-end process sees it (the `EngineClient` surface)."""
+
+    def __init__(self, conn: Any, status: EngineStatus) -> None:
+        self.conn = conn
+        self._status = status
+        self._state: StreamContext | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sessions: dict[int, EngineSession] = {}
+        self._opening: dict[int, asyncio.Future[str | None]] = {}
+        self._texts: dict[int, asyncio.Future[bytes]] = {}
+        self._next = 0
+        self._pending: list[Message] = []
+        self._out: queue.SimpleQueue[list[Message] | None] = queue.SimpleQueue()
+        self._writer = threading.Thread(target=self._write_all, name="streamd-engine-out", daemon=True)
+        self._reader = threading.Thread(target=self._read_all, name="streamd-engine-in", daemon=True)
+
+    @property
+    def status(self) -> EngineStatus:
+        return self._status
+
+    def start(self, state: StreamContext) -> None:
+        self._state, self._loop = state, asyncio.get_running_loop()
+        self._writer.start()
+        self._reader.start()
+
+    def stop(self) -> None:
+        self._flush()
+        self._out.put(None)
+        self._writer.join(5.0)
+
+    # -- the EngineClient surface (event loop) ---------------------------------------------------
+    async def open(self) -> EngineSession:
+        """A new stream with a slot in the engine; raises CapacityError when all are taken."""
+        assert self._loop is not None
+        sid, self._next = self._next, self._next + 1
+        reply: asyncio.Future[str | None] = self._loop.create_future()
+        self._opening[sid] = reply
+        self.post(("open", sid))
+        error = await reply  # cancelled: `_opened` closes the slot it gets
+        if error is not None:
+            raise CapacityError(error)
+        session = EngineSession(sid=sid)
+        self._sessions[sid] = session
+        return session
+
+    def push(self, session: EngineSession, samples: np.ndarray) -> None:
+        if samples.size:
+            self.post(("audio", session.sid, samples))
+
+    def end(self, session: EngineSession) -> None:
+        self.post(("end", session.sid))
+
+    def close(self, session: EngineSession) -> None:
+        if not session.closed:
+            session.closed = True
+            self._sessions.pop(session.sid, None)
+            self.post(("close", session.sid))
+
+    async def metrics_text(self) -> bytes:
+        """The daemon's /metrics (the engine's process adds every front end's)."""
+        assert self._loop is not None
+        key = self._next
+        self._next += 1
+        fut: asyncio.Future[bytes] = self._loop.create_future()
+        self._texts[key] = fut
+        self.post(("metrics_text", key))
+        try:
+            return await asyncio.wait_for(fut, METRICS_TEXT_TIMEOUT_S)
+        finally:
+            self._texts.pop(key, None)
+
+    # -- the pipe --------------------------------------------------------------------------------
+    def post(self, message: Message) -> None:
+        """Queue a message; all queued in this loop iteration leave in one pipe message."""
+        self._pending.append(message)
+        if len(self._pending) == 1:
+            assert self._loop is not None
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        if self._pending:
+            self._out.put(self._pending)
+            self._pending = []
+
+    def _write_all(self) -> None:
+        while (messages := self._out.get()) is not None:
+            try:
+                self.conn.send(messages)
+            except (OSError, ValueError):
+                return
+
+    def _read_all(self) -> None:
+        assert self._loop is not None
+        while True:
+            try:
+                messages = self.conn.recv()
+            except (EOFError, OSError):
+                break
+            self._loop.call_soon_threadsafe(self._dispatch, messages)
+        self._loop.call_soon_threadsafe(self._lost)
+
+    def _dispatch(self, messages: list[Message]) -> None:
+        """On the event loop: results to their sessions, replies to their waiters."""
+        for m in messages:
+            kind = m[0]
+            if kind == "result":
+                if (s := self._sessions.get(m[1])) is not None:
+                    s.results.put_nowait(ChunkResult(m[2], m[3], m[4], m[5]))
+            elif kind == "done" or kind == "failed":
+                if (s := self._sessions.get(m[1])) is not None:
+                    s.results.put_nowait(None if kind == "done" else StreamFailed(m[2]))
+            elif kind == "opened":
+                self._opened(m[1], m[2])
+            elif kind == "status":
+                self._on_status(m[1], m[2], m[3])
+            elif kind == "metrics_text":
+                if (fut := self._texts.get(m[1])) is not None and not fut.done():
+                    fut.set_result(m[2])
+            elif kind == "shutdown":
+                assert self._state is not None
+                self._state.shutdown.set()
+
+    def _opened(self, sid: int, error: str | None) -> None:
+        reply = self._opening.pop(sid, None)
+        if reply is not None and not reply.done():
+            reply.set_result(error)
+        elif error is None:  # its connection went away while it waited: give the slot back
+            self.post(("close", sid))
+
+    def _on_status(self, status: EngineStatus, draining: bool, cutting_over: bool) -> None:
+        assert self._state is not None
+        self._status = status
+        self._state.draining, self._state.cutting_over = draining, cutting_over
+
+    def _lost(self) -> None:
+        """The engine's process is gone: every stream fails, and this process shuts down."""
+        assert self._state is not None
+        log.error("front end: the engine's process is gone; shutting down")
+        for s in self._sessions.values():
+            s.results.put_nowait(StreamFailed("the engine's process is gone"))
+        self._sessions.clear()
+        self._state.shutdown.set()
