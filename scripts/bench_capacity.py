@@ -32,7 +32,9 @@ import gc
 import json
 import os
 import resource
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -276,7 +278,7 @@ def daemon_capacity(model_path: Path, item: Item, guess: int, args: argparse.Nam
     top = max(first, guess)
     daemon = load.Daemon(str(model_path), args.device, item.dtype, top + 64,
                          ["--right-context", str(CHUNK_RC[item.chunk_ms]), "--cuda-graphs", item.graphs,
-                          "--workers", str(args.workers)])
+                          "--workers", str(args.workers), *args.daemon_args.split()])
     audios = [load.tone_bursts(seed=s) for s in range(4)]
     ns = argparse.Namespace(**vars(args))
     pool = ProcessPoolExecutor(args.client_procs, mp_context=get_context("spawn"))
@@ -297,7 +299,10 @@ def daemon_capacity(model_path: Path, item: Item, guess: int, args: argparse.Nam
         n = first
         level_cost = args.seconds + args.ramp_s + 8
         while time.monotonic() + level_cost < deadline and len(levels) < args.daemon_levels:
+            spy = py_spy(daemon.proc.pid, args, f"{item.chunk_ms}ms-{n}") if not levels else None
             level = run_level(url, n, audios, ns, pool, daemon.proc.pid)
+            if spy is not None:
+                spy.wait()
             levels.append(level)
             print_level(level)
             if level["passed"]:
@@ -320,6 +325,18 @@ def daemon_capacity(model_path: Path, item: Item, guess: int, args: argparse.Nam
         code = daemon.stop()
         if code not in (0, None):
             print(f"  daemon exit code {code}; last log lines:\n    " + "\n    ".join(daemon.log), flush=True)
+
+
+def py_spy(pid: int, args: argparse.Namespace, name: str) -> subprocess.Popen[bytes] | None:
+    """With `--py-spy S`: sample the daemon's processes (engine and front ends, every thread) for
+    S seconds of a level, as collapsed stacks beside `--out` (pyspy-NAME.txt)."""
+    exe = shutil.which("py-spy") or "/tmp/site/bin/py-spy"
+    if args.py_spy <= 0 or not Path(exe).exists():
+        return None
+    out = args.out.parent / f"pyspy-{name}.txt"
+    return subprocess.Popen([exe, "record", "--pid", str(pid), "--duration", str(args.py_spy), "--rate", "50",
+                             "--format", "raw", "--threads", "--subprocesses", "--nonblocking", "-o", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 # -- the run -----------------------------------------------------------------------------------
@@ -393,6 +410,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="client processes (default: cores - 4, at most 12)")
     p.add_argument("--workers", type=int, default=0,
                    help="the daemon's websocket front-end processes (server.workers; default: 0)")
+    p.add_argument("--daemon-args", default="", help="more `streamd serve` flags, e.g. '--batch-wait-ms 2'")
+    p.add_argument("--py-spy", type=float, default=0.0,
+                   help="seconds of py-spy samples of the daemon in each item's first level (default: 0, off)")
     p.add_argument("--out", type=Path, default=Path("capacity.json"))
     args = p.parse_args(argv)
     args.items = [Item.parse(t) for t in args.plan.split(",") if t]

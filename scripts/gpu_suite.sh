@@ -41,18 +41,22 @@ if [ "$what" = capacity ]; then
     ${CAPACITY_ARGS:-} --out "$OUT/capacity.json" 2>&1 | tee "$OUT/capacity.log" || status=1
 fi
 if [ "$what" = scale ]; then
-  # Issue 13 in one call: the engine step's phases at the engine's capacity (features on the GPU
-  # and, for comparison, on the CPU), then engine vs daemon with front-end processes.
+  # Issue 13 in one call: the engine step's phases (PROFILES: CHUNK_MS:STREAMS:FEATURES ...; features
+  # on the model's device or the CPU), then engine vs daemon capacity (CAPACITY_ARGS). Everything
+  # lands in $OUT/scale.tar.gz (the device returns few files).
+  S=$OUT/scale; mkdir -p "$S"
   python3 -c "import sys; sys.path.insert(0, 'scripts'); from bench_migration import make_model; make_model('/tmp/fcl.pt', 1024)" || exit 1
-  timeout 120 python3 -m pytest -q -m cuda -p no:cacheprovider tests/engine/test_encoder_step_cuda.py 2>&1 | tee "$OUT/cuda-tests.log" || status=1
-  for spec in "160 ${PROFILE_N160:-1792}" "1120 ${PROFILE_N1120:-2816}"; do
-    set -- $spec
-    for where in model cpu; do
-      timeout 100 python3 scripts/profile_engine_step.py --model /tmp/fcl.pt --chunk-ms "$1" --streams "$2" \
-        --features "$where" --json "$OUT/profile-$1ms-$where.json" 2>&1 | tee "$OUT/profile-$1ms-$where.log" || status=1
-    done
+  timeout ${TEST_TIMEOUT_S:-120} python3 -m pytest -q -m cuda -p no:cacheprovider ${SCALE_TESTS:-tests/engine/test_encoder_step_cuda.py} \
+    2>&1 | tee "$S/cuda-tests.log" | tail -3 || status=1
+  for spec in ${PROFILES-160:1920:model 1120:5120:model}; do
+    IFS=: read -r chunk n where <<< "$spec"
+    timeout 90 python3 scripts/profile_engine_step.py --model /tmp/fcl.pt --chunk-ms "$chunk" --streams "$n" \
+      --features "$where" --json "$S/profile-${chunk}ms-$n-$where.json" > "$S/profile-${chunk}ms-$n-$where.log" 2>&1 || status=1
+    grep -A9 "^[0-9]* streams" "$S/profile-${chunk}ms-$n-$where.log"
   done
   timeout $(( ${CAPACITY_BUDGET_S:-240} + 100 )) python3 scripts/bench_capacity.py --model /tmp/fcl.pt \
-    --budget-s "${CAPACITY_BUDGET_S:-240}" ${CAPACITY_ARGS:-} --out "$OUT/capacity.json" 2>&1 | tee "$OUT/capacity.log" || status=1
+    --budget-s "${CAPACITY_BUDGET_S:-240}" ${CAPACITY_ARGS:-} --out "$S/capacity.json" 2>&1 \
+    | grep -v -e Warning -e _VF.lstm | tee "$S/capacity.log" || status=1
+  tar -C "$OUT" -czf "$OUT/scale.tar.gz" scale && rm -rf "$S"
 fi
 exit $status

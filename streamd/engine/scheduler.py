@@ -9,6 +9,7 @@ with `call_soon_threadsafe`, or to the session's `sink` (a front-end process's b
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 import time
@@ -84,7 +85,12 @@ class Engine:
         self._on_step = on_step
         self._cond = threading.Condition()
         self._inbox: deque[tuple[str, EngineSession | None, Any]] = deque()
-        self._live: list[EngineSession] = []
+        self._live: dict[EngineSession, None] = {}  # sessions with a slot, oldest first
+        # Readiness is tracked, not scanned for: only a session that got audio or ended (or just
+        # stepped) is checked again, so the engine thread's work between steps does not grow with
+        # the streams that are waiting for audio.
+        self._touched: dict[EngineSession, None] = {}
+        self._ready_set: dict[EngineSession, None] = {}  # in the order they became ready
         self._outbox: list[tuple[EngineSession, ResultItem]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -156,19 +162,17 @@ class Engine:
     # -- engine thread -------------------------------------------------------------------------
     def _run(self) -> None:
         while True:
-            self._drain(block=not self._ready())
+            self._drain(block=not self._count_ready())
             if self._stopping:
                 break
-            ready = self._ready()
-            if not ready:
+            if not self._count_ready():
                 continue
             deadline = time.monotonic() + self.batch_wait_s
-            target = min(self.max_batch, sum(1 for s in self._live if s.stream is not None))
-            while len(ready) < target and (left := deadline - time.monotonic()) > 0:
+            target = min(self.max_batch, len(self._live))
+            while self._count_ready() < target and (left := deadline - time.monotonic()) > 0:
                 self._drain(block=True, timeout=left)
-                ready = self._ready()
-            if ready:  # every ready stream may have closed while the batch filled
-                self._step(ready[: self.max_batch])
+            if self._count_ready():  # every ready stream may have closed while the batch filled
+                self._step(list(itertools.islice(self._ready_set, self.max_batch)))
         for s in list(self._live):
             self._release(s)
 
@@ -195,18 +199,25 @@ class Engine:
             return  # a closed or failed stream: late audio is ignored
         elif kind == "audio":
             session.stream.push_audio(payload)
+            self._touched[session] = None
         elif kind == "end":
             session.stream.end()
+            self._touched[session] = None
             self._finish_if_done(session)
         elif kind == "close":
             self._release(session)
 
     def _open(self, session: EngineSession) -> None:
         session.stream = self.recognizer.open()
-        self._live.append(session)
+        self._live[session] = None
 
-    def _ready(self) -> list[EngineSession]:
-        return [s for s in self._live if s.stream is not None and s.stream.ready]
+    def _count_ready(self) -> int:
+        """Streams with a step's worth of input (`_ready_set`, brought up to date)."""
+        for s in self._touched:
+            if s.stream is not None and s.stream.ready:
+                self._ready_set[s] = None
+        self._touched.clear()
+        return len(self._ready_set)
 
     def _step(self, batch: list[EngineSession]) -> None:
         t0 = time.perf_counter()
@@ -221,6 +232,9 @@ class Engine:
             return
         if self._on_step is not None:
             self._on_step(time.perf_counter() - t0, len(batch))
+        for s in batch:  # ready again only if more input is there
+            del self._ready_set[s]
+            self._touched[s] = None
         for s, r in zip(batch, results):
             self._deliver(s, r)
             self._finish_if_done(s)
@@ -235,8 +249,9 @@ class Engine:
         if session.stream is not None:
             self.recognizer.close(session.stream)
             session.stream = None
-        if session in self._live:
-            self._live.remove(session)
+        self._live.pop(session, None)
+        self._ready_set.pop(session, None)
+        self._touched.pop(session, None)
 
     def _deliver(self, session: EngineSession, item: ResultItem) -> None:
         """Queue `item` for the session; `_flush` hands everything queued over at once."""

@@ -9,7 +9,8 @@ delivers to its streams (one pipe message per engine hand-over). So the engine's
 per-message websocket or JSON work, and its GIL is not shared with any event loop.
 
 Pipe messages are lists of tuples; worker -> engine:
-  ("open", sid) ("audio", sid, float32 samples) ("end", sid) ("close", sid)
+  ("open", sid) ("audio", [sid], [samples per sid], float32 samples of all, in order)
+  ("end", sid) ("close", sid)
   ("metrics", families) ("metrics_text", request) ("up", pid)
 engine -> worker:
   ("opened", sid, error or None) ("result", sid, tokens, times, frame_start, frame_end)
@@ -29,6 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
+
+import numpy as np
 
 from streamd.config import Config
 from streamd.engine.scheduler import EngineSession, EngineStatus, ResultItem, StreamFailed
@@ -89,9 +92,10 @@ class Bridge:
             batch: list[tuple[str, EngineSession, Any]] = []
             for m in messages:
                 kind = m[0]
-                if kind == "audio":
-                    if (s := self.sessions.get(m[1])) is not None:
-                        batch.append(("audio", s, m[2]))
+                if kind == "audio":  # every stream's audio of one turn: one array, cut here
+                    for sid, samples in zip(m[1], np.split(m[3], np.cumsum(m[2][:-1]))):
+                        if (s := self.sessions.get(sid)) is not None:
+                            batch.append(("audio", s, samples))
                 elif kind == "end" or kind == "close":
                     s = self.sessions.get(m[1]) if kind == "end" else self.sessions.pop(m[1], None)
                     if s is not None:

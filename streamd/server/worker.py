@@ -75,6 +75,8 @@ class RemoteEngine:
         self._texts: dict[int, asyncio.Future[bytes]] = {}
         self._next = 0
         self._pending: list[Message] = []
+        self._audio: list[tuple[int, np.ndarray]] = []  # (sid, float32 samples) of this turn
+        self._flush_due = False
         self._out: queue.SimpleQueue[list[Message] | None] = queue.SimpleQueue()
         self._writer = threading.Thread(target=self._write_all, name="streamd-engine-out", daemon=True)
         self._reader = threading.Thread(target=self._read_all, name="streamd-engine-in", daemon=True)
@@ -110,7 +112,8 @@ class RemoteEngine:
 
     def push(self, session: EngineSession, samples: np.ndarray) -> None:
         if samples.size:
-            self.post(("audio", session.sid, samples))
+            self._audio.append((session.sid, samples))
+            self._schedule()
 
     def end(self, session: EngineSession) -> None:
         self.post(("end", session.sid))
@@ -138,13 +141,27 @@ class RemoteEngine:
     def post(self, message: Message) -> None:
         """Queue a message; all queued in this loop iteration leave in one pipe message."""
         self._pending.append(message)
-        if len(self._pending) == 1:
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if not self._flush_due:
+            self._flush_due = True
             assert self._loop is not None
             self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
-        if self._pending:
-            self._out.put(self._pending)
+        """One pipe message: this turn's audio as one array (cheap to pickle), then the other
+        messages in order. Audio first keeps the order that matters: no stream sends audio after
+        its `end` or `close`, and none before its `open` was answered."""
+        self._flush_due = False
+        batch = self._pending
+        if self._audio:
+            sids = [sid for sid, _ in self._audio]
+            sizes = [a.size for _, a in self._audio]
+            batch = [("audio", sids, sizes, np.concatenate([a for _, a in self._audio]))] + batch
+            self._audio = []
+        if batch:
+            self._out.put(batch)
             self._pending = []
 
     def _write_all(self) -> None:

@@ -98,7 +98,7 @@ def run(policy: str) -> tuple[list[float], float, int, list[dict[str, Any]], int
             by = asyncio.create_task(bystander(url, 6.0))
             while len(app.state.engine._live) < 1:
                 await asyncio.sleep(0.01)
-            by_id = id(app.state.engine._live[0])
+            by_id = id(next(iter(app.state.engine._live)))
             await asyncio.sleep(1.0)
             stop = asyncio.Event()
             flooder = asyncio.create_task(flood(url, stop))
