@@ -278,7 +278,8 @@ def daemon_capacity(model_path: Path, item: Item, guess: int, args: argparse.Nam
     top = max(first, guess)
     daemon = load.Daemon(str(model_path), args.device, item.dtype, top + 64,
                          ["--right-context", str(CHUNK_RC[item.chunk_ms]), "--cuda-graphs", item.graphs,
-                          "--workers", str(args.workers), *args.daemon_args.split()])
+                          "--workers", str(args.workers), *args.daemon_args.split()],
+                         log_path=args.out.parent / f"daemon-{item.chunk_ms}ms-{item.dtype}.log")
     audios = [load.tone_bursts(seed=s) for s in range(4)]
     ns = argparse.Namespace(**vars(args))
     pool = ProcessPoolExecutor(args.client_procs, mp_context=get_context("spawn"))
@@ -336,7 +337,7 @@ def py_spy(pid: int, args: argparse.Namespace, name: str) -> subprocess.Popen[by
     out = args.out.parent / f"pyspy-{name}.txt"
     return subprocess.Popen([exe, "record", "--pid", str(pid), "--duration", str(args.py_spy), "--rate", "50",
                              "--format", "raw", "--threads", "--subprocesses", "--nonblocking", "-o", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=open(out.with_suffix(".err"), "w"))
 
 
 # -- the run -----------------------------------------------------------------------------------

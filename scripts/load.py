@@ -201,7 +201,8 @@ def _worker(url: str, indices: list[int], audios: list[Audio], seconds: float, s
 class Daemon:
     """`python -m streamd serve` on a free port; stderr kept (last lines) for error reports."""
 
-    def __init__(self, model: str, device: str, dtype: str, max_streams: int, extra: list[str]) -> None:
+    def __init__(self, model: str, device: str, dtype: str, max_streams: int, extra: list[str],
+                 log_path: Path | None = None) -> None:
         cmd = [sys.executable, "-m", "streamd", "serve", "--config", "", "--model", model, "--device", device,
                "--dtype", dtype, "--port", "0", "--admin-socket", "", "--max-streams", str(max_streams),
                "--idle-timeout-s", "120", "--drain-timeout-s", "10", *extra]
@@ -209,6 +210,7 @@ class Daemon:
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, text=True, errors="replace")
         self.log: deque[str] = deque(maxlen=40)
+        self.log_file = open(log_path, "w") if log_path is not None else None  # every line
         self.url = ""
         self._bound = threading.Event()
         threading.Thread(target=self._read_log, daemon=True).start()
@@ -217,6 +219,9 @@ class Daemon:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
             self.log.append(line.rstrip())
+            if self.log_file is not None:
+                self.log_file.write(line)
+                self.log_file.flush()
             if not self._bound.is_set() and (m := SERVING.search(line)):
                 self.url = f"{m[1]}://{m[2]}:{m[3]}"
                 self._bound.set()

@@ -11,8 +11,8 @@ gathers their cache rows, encodes, and writes their next caches back in place.
   eager step is bound by launching its hundreds of kernels, not by the GPU.
 
 Static buffers. All buckets share one set of flat buffers (mel, lengths, start, gather index,
-input cache, next cache, encoder output), sized for the largest bucket so far and grown by
-doubling; a bucket of n rows uses the first elements of each, viewed as a contiguous tensor of n
+input cache, next cache, encoder output), sized for `max_batch` at the first capture (without
+one: for the largest bucket so far, grown by doubling); a bucket of n rows uses the first elements of each, viewed as a contiguous tensor of n
 rows. All graphs share one private memory pool. Both are safe because buckets never run at
 once and a replay's outputs are copied out before the next replay. Of a bucket's n rows, the b
 real ones are copied in; the padded rows gather a copy of the first real stream's cache and
@@ -352,12 +352,14 @@ class EncoderStep:
         return bucket
 
     def _grow(self, key: EncoderGraphKey, size: int) -> None:
-        """Static buffers for at least `size` rows: the next power of two (at least
-        MIN_STATIC_ROWS), capped at max_batch's bucket. Graphs read the old buffers, so all are
-        dropped (and captured again on use)."""
-        rows = max(MIN_STATIC_ROWS, 1 << (size - 1).bit_length())
+        """Static buffers for at least `size` rows: for max_batch's bucket at once if there is a
+        max_batch (growing drops every graph, which a daemon whose batches grow with its load
+        would pay for again and again), else the next power of two (at least MIN_STATIC_ROWS).
+        Graphs read the old buffers, so all are dropped (and captured again on use)."""
         if self.max_batch is not None:
-            rows = max(size, min(rows, bucket_size(self.max_batch, self.per_octave)))
+            rows = max(size, bucket_size(self.max_batch, self.per_octave))
+        else:
+            rows = max(MIN_STATIC_ROWS, 1 << (size - 1).bit_length())
         self._drop()
         self._static = _Static(self.encoder, key, rows)
         self._pool = self.backend.new_pool(key.device)

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from streamd.audio.features import LogMel, logmel_many
+from streamd.buckets import bucket_size
 from streamd.decoding.graphs import BucketedGraphDecoder, GraphGreedyLabelLooping
 from streamd.decoding.greedy import GreedyLabelLooping
 from streamd.decoding.state import DecoderState
@@ -93,6 +94,29 @@ class Recognizer:
         slot = self._free.pop()
         self._reset_slot(slot)
         return Stream.new(slot, self._logmel, self.geometry)
+
+    def capture_graphs(self, up_to: int) -> list[int]:
+        """Step silent streams at every encoder batch bucket up to `up_to` streams, smallest
+        first, so that the encoder's and the decoder's CUDA graphs of every bucket are captured
+        before clients come (a capture mid-stream stalls every stream of that step). Uses free
+        slots and gives them back. Returns the batch sizes stepped."""
+        per_octave = getattr(self.encoder_step, "per_octave", 8)
+        sizes, b = [], 1
+        while b <= min(up_to, len(self._free)):
+            sizes.append(min(bucket_size(b, per_octave), up_to, len(self._free)))
+            b = sizes[-1] + 1
+        streams = [self.open() for _ in range(sizes[-1] if sizes else 0)]
+        hop = self._logmel.dims.hop_length
+        piece = np.zeros(hop * self.geometry.new_frames(False) + self._logmel.dims.n_fft, dtype=np.float32)
+        try:
+            for n in sizes:
+                for s in streams[:n]:
+                    s.push_audio(piece)
+                self.step(streams[:n])
+        finally:
+            for s in streams:
+                self.close(s)
+        return sizes
 
     def close(self, stream: Stream) -> None:
         """Release the stream's slot (its rows are reset when the slot is reused)."""

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import signal
 import sys
+import time
 
 import numpy as np
 import torch
@@ -15,7 +16,7 @@ from websockets.asyncio.server import Server, ServerConnection
 from streamd import systemd
 from streamd.config import Config
 from streamd.decoding.graphs import EAGER, make_decoder
-from streamd.engine.encoder_step import make_encoder_step
+from streamd.engine.encoder_step import GRAPHS, make_encoder_step
 from streamd.engine.migration import prepare
 from streamd.engine.placement import DTYPE_NAMES, parse_device, parse_dtype
 from streamd.engine.recognizer import Recognizer
@@ -61,12 +62,19 @@ def build_state(cfg: Config, metrics: Metrics) -> ServerState:
 
 
 async def warm_up(engine: Engine) -> None:
-    """One chunk of silence through the whole pipeline, so the first client does not pay for it."""
+    """One chunk of silence through the whole pipeline, so the first client does not pay for it;
+    with CUDA graphs, every batch bucket up to the engine's capacity is captured now."""
     session = await engine.open()
     engine.push(session, np.zeros(16000 * 2, dtype=np.float32))
     engine.end(session)
     while await session.results.get() is not None:
         pass
+    rec = engine.recognizer
+    if rec.encoder_step.mode == GRAPHS:
+        t0 = time.perf_counter()
+        sizes = await engine.call(lambda r: r.capture_graphs(engine.max_batch))
+        log.info("captured CUDA graphs for %d batch sizes up to %d in %.1f s", len(sizes), sizes[-1],
+                 time.perf_counter() - t0)
 
 
 class App:

@@ -46,3 +46,16 @@ def test_streams_closing_during_the_batch_wait_start_no_empty_step(caplog: pytes
         asyncio.run(main())
     assert batches and 0 not in batches
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_capture_graphs_steps_every_bucket_and_frees_its_slots() -> None:
+    """The daemon's warm-up on a GPU: one step per batch bucket up to the capacity, smallest
+    first (here eagerly, on the CPU); afterwards every slot is free again."""
+    from streamd.buckets import bucket_size
+
+    rec = Recognizer(random_model(), capacity=40)
+    sizes = rec.capture_graphs(40)
+    assert sizes == sorted(set(sizes)) and sizes[0] == 1 and sizes[-1] == 40
+    assert all(bucket_size(n) == n for n in sizes[:-1])
+    assert {bucket_size(n) for n in range(1, 41)} == {bucket_size(n) for n in sizes}
+    assert rec.active == 0
