@@ -335,7 +335,7 @@ def py_spy(pid: int, args: argparse.Namespace, name: str) -> subprocess.Popen[by
     if args.py_spy <= 0 or not Path(exe).exists():
         return None
     out = args.out.parent / f"pyspy-{name}.txt"
-    return subprocess.Popen([exe, "record", "--pid", str(pid), "--duration", str(args.py_spy), "--rate", "50",
+    return subprocess.Popen([exe, "record", "--pid", str(pid), "--duration", str(int(args.py_spy)), "--rate", "50",
                              "--format", "raw", "--threads", "--subprocesses", "--nonblocking", "-o", str(out)],
                             stdout=subprocess.DEVNULL, stderr=open(out.with_suffix(".err"), "w"))
 
@@ -445,7 +445,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{item}: up to {min(cap, left):.0f} s", flush=True)
         try:
             if item.part == "engine":
-                row.update(engine_capacity(model_path, item, args, min(cap, left)))
+                # in a process of its own: the GPU memory it held (graph pools, caches) is given
+                # back before a daemon needs it
+                with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as one:
+                    row.update(one.submit(engine_capacity, model_path, item, args, min(cap, left)).result())
             else:
                 engine = next((r for r in results if r["part"] == "engine" and r.get("capacity")
                                and (r["chunk_ms"], r["dtype"], r["graphs"]) == item.config), None)

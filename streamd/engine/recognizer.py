@@ -96,15 +96,12 @@ class Recognizer:
         return Stream.new(slot, self._logmel, self.geometry)
 
     def capture_graphs(self, up_to: int) -> list[int]:
-        """Step silent streams at every encoder batch bucket up to `up_to` streams, smallest
-        first, so that the encoder's and the decoder's CUDA graphs of every bucket are captured
+        """Step silent streams at every batch bucket (encoder's and decoder's) up to `up_to`
+        streams, smallest first, so that the encoder's and the decoder's CUDA graphs of every bucket are captured
         before clients come (a capture mid-stream stalls every stream of that step). Uses free
         slots and gives them back. Returns the batch sizes stepped."""
-        per_octave = getattr(self.encoder_step, "per_octave", 8)
-        sizes, b = [], 1
-        while b <= min(up_to, len(self._free)):
-            sizes.append(min(bucket_size(b, per_octave), up_to, len(self._free)))
-            b = sizes[-1] + 1
+        top = min(up_to, len(self._free))
+        sizes = sorted({min(bucket_size(b, per), top) for per in self._bucket_octaves() for b in range(1, top + 1)})
         streams = [self.open() for _ in range(sizes[-1] if sizes else 0)]
         hop = self._logmel.dims.hop_length
         piece = np.zeros(hop * self.geometry.new_frames(False) + self._logmel.dims.n_fft, dtype=np.float32)
@@ -117,6 +114,11 @@ class Recognizer:
             for s in streams:
                 self.close(s)
         return sizes
+
+    def _bucket_octaves(self) -> set[int]:
+        """Bucket sizes per octave of the encoder step and of the decoder (if they bucket)."""
+        return {per for per in (getattr(self.encoder_step, "per_octave", None), getattr(self.decoder, "per_octave", None))
+                if isinstance(per, int)} or {8}
 
     def close(self, stream: Stream) -> None:
         """Release the stream's slot (its rows are reset when the slot is reused)."""
