@@ -72,6 +72,7 @@ class Recognizer:
         self._logmel = copy.deepcopy(model.preprocessor).float().cpu()
         self._device_logmel: LogMel | None = None  # a copy on the model's device, made when needed
         self._free = list(range(capacity - 1, -1, -1))
+        self._fresh: dict[int, None] = {}  # slots opened since the last step: rows still to reset
         self._cache: EncoderCache | None = None
         self._dec: DecoderState | None = None
         self._staged: EncoderCache | None = None
@@ -92,7 +93,7 @@ class Recognizer:
         if not self._free:
             raise CapacityError(f"all {self.capacity} stream slots are in use")
         slot = self._free.pop()
-        self._reset_slot(slot)
+        self._fresh[slot] = None  # its rows are reset at the next step, with all others opened since
         return Stream.new(slot, self._logmel, self.geometry)
 
     def capture_graphs(self, up_to: int) -> list[int]:
@@ -150,6 +151,7 @@ class Recognizer:
         """Encode and decode one chunk of every given stream (each must be `ready`)."""
         cache, dec = self.state_tensors()
         device = cache.channel.device
+        self._reset_fresh(cache, dec)
         # Per-stream work is numpy only; torch is called a fixed number of times per step. Each
         # torch call releases and re-takes the GIL, and with a busy event loop in the other
         # thread every re-take can wait a whole switch interval.
@@ -186,14 +188,17 @@ class Recognizer:
             out.append(ChunkResult(toks, times, start, s.frames_decoded))
         return out
 
-    @torch.no_grad()
-    def _reset_slot(self, slot: int) -> None:
-        cache, dec = self.state_tensors()
-        rows = torch.tensor([slot], device=cache.channel.device)
+    def _reset_fresh(self, cache: EncoderCache, dec: DecoderState) -> None:
+        """Start state in the rows of every slot opened since the last step: a few torch calls
+        per step, however many streams opened (opening is on the engine thread's critical path)."""
+        if not self._fresh:
+            return
+        rows = torch.tensor(list(self._fresh), device=cache.channel.device)
+        self._fresh.clear()
         cache.channel.index_fill_(1, rows, 0.0)
         cache.time.index_fill_(1, rows, 0.0)
         cache.channel_len.index_fill_(0, rows, 0)
-        dec.index_copy_(rows, self.decoder.initial_state(1))
+        dec.index_copy_(rows, self.decoder.initial_state(int(rows.shape[0])))
 
 
 def transcribe_offline(model: Transducer, audio: Tensor, decoder: GreedyLabelLooping | None = None

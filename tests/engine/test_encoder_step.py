@@ -259,12 +259,20 @@ def test_replaced_weight_storage_recaptures_and_in_place_updates_do_not() -> Non
     assert graphs.last_rebuild_reason == "weight storage replaced"
 
 
-def test_static_buffers_grow_by_doubling_up_to_max_batch() -> None:
+def test_static_buffers_for_max_batch_at_once_so_no_growth_drops_graphs() -> None:
     m, be = model(), FakeBackend()
     step = graph_step(m, be, max_batch=300)
     simulate([step], m, slots=300, chunks=5, seed=4, sizes=(3, 5, 70, 130, 300))
     assert step.static_rows == 320 and be.captures == [4, 8, 72, 144, 320]
-    assert be.releases == 3  # each growth dropped the graphs of the smaller buffers
+    assert be.releases == 0 and step.buckets == [4, 8, 72, 144, 320]
+
+
+def test_without_max_batch_static_buffers_grow_by_doubling() -> None:
+    m, be = model(), FakeBackend()
+    step = graph_step(m, be)
+    simulate([step], m, slots=300, chunks=4, seed=4, sizes=(3, 70, 130, 300))
+    assert step.static_rows == 512 and be.captures == [4, 72, 144, 320]
+    assert be.releases == 3  # each growth (64 -> 128 -> 256 -> 512 rows) dropped every graph
     assert step.buckets == [320]
 
 
