@@ -10,36 +10,18 @@ CPU only, no torch.
 """
 from __future__ import annotations
 
-from typing import Literal, get_args
-
 import numpy as np
 import numpy.typing as npt
 import soxr
 
-from streamd.errors import UnsupportedAudio, echo
+from streamd.errors import UnsupportedAudio
+from streamd.protocol import check_format
 
 
 MODEL_RATE = 16_000
-MIN_SAMPLE_RATE = 8_000
-MAX_SAMPLE_RATE = 48_000
-MAX_CHANNELS = 8
-
-Encoding = Literal["s16le", "f32le"]
-ENCODINGS: tuple[Encoding, ...] = get_args(Encoding)
 _DTYPES: dict[str, np.dtype[np.generic]] = {"s16le": np.dtype("<i2"), "f32le": np.dtype("<f4")}
 
 Samples = npt.NDArray[np.float32]
-
-
-def check_format(sample_rate: int, encoding: str, channels: int) -> None:
-    """Raise UnsupportedAudio unless the stream format is one streamd accepts."""
-    if encoding not in ENCODINGS:
-        raise UnsupportedAudio(f"unsupported encoding {echo(encoding)}; use one of {', '.join(ENCODINGS)}")
-    if not MIN_SAMPLE_RATE <= sample_rate <= MAX_SAMPLE_RATE:
-        raise UnsupportedAudio(
-            f"unsupported sample_rate {echo(sample_rate)}; use {MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE} Hz")
-    if not 1 <= channels <= MAX_CHANNELS:
-        raise UnsupportedAudio(f"unsupported channels {echo(channels)}; use 1..{MAX_CHANNELS}")
 
 
 class PcmDecoder:

@@ -25,11 +25,11 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from streamd.audio.pcm import MAX_CHANNELS, MAX_SAMPLE_RATE, MIN_SAMPLE_RATE, MODEL_RATE
+from streamd.audio.pcm import MODEL_RATE
 from streamd.clients.common import DEFAULT_URL, Backoff, Session, open_stream, read_token, retry_delay
 from streamd.clients.output import EXTENSIONS, Transcript, render
 from streamd.clients.progress import Progress
-from streamd.server.protocol import Final, Start
+from streamd.protocol import MAX_CHANNELS, MAX_SAMPLE_RATE, MIN_SAMPLE_RATE, Final, Start
 
 CHUNK_S = 0.1
 ATTEMPTS = 5

@@ -25,13 +25,13 @@ from streamd.engine.placement import DTYPE_NAMES, parse_device, parse_dtype
 from streamd.engine.recognizer import Recognizer
 from streamd.engine.scheduler import Engine
 from streamd.model.checkpoint import load_model, resolve_model_path
+from streamd.protocol import REALTIME_PATH, STREAM_PATH
 from streamd.server.access import Access
 from streamd.server.admin import AdminServer, Control
 from streamd.server.handler import Connection, ServerState
 from streamd.server.metrics import CONTENT_TYPE, Metrics
 from streamd.server.http import GuardedConnection, quiet_client_handshake_faults, response, without_body
-from streamd.server.protocol import STREAM_PATH
-from streamd.server.realtime import REALTIME_PATH, RealtimeConnection
+from streamd.server.realtime import RealtimeConnection
 from streamd.server.secrets import read_token, warn_if_exposed
 
 log = logging.getLogger("streamd.server")

@@ -28,7 +28,7 @@ from streamd.engine.utterances import Utterance, UtteranceTracker
 from streamd.model.transducer import Transducer
 from streamd.errors import (BacklogExceeded, IdleTimeout, InternalError, Overloaded, SessionExpired, SlowConsumer,
                             StreamdError)
-from streamd.server import protocol as p
+from streamd import protocol as p
 from streamd.server.metrics import Metrics
 
 log = logging.getLogger("streamd.server")
@@ -116,7 +116,7 @@ class Connection:
         cfg = self.state.config.server
         first = await self._recv(cfg.idle_timeout_s, allow_shutdown=True)
         if first is None:  # shutting down before "start": nothing to drain
-            await self.ws.close(1001)
+            await self.ws.close(p.CloseCode.GOING_AWAY)
             return "shutdown"
         if isinstance(first, bytes):
             self.proto.receive_audio()  # raises: audio before start
@@ -150,7 +150,7 @@ class Connection:
                 self.state.engine.close(seg.session)
         await self._send(p.Summary(self.utterance, self.partials, self.samples_in / 16000,
                                    time.monotonic() - self.started, "shutdown" if reason == "shutdown" else "stop"))
-        await self._close(1001 if reason == "shutdown" else 1000)
+        await self._close(p.CloseCode.GOING_AWAY if reason == "shutdown" else p.CloseCode.NORMAL_CLOSURE)
         return reason
 
     def _sender_done(self, task: asyncio.Task[None]) -> None:

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import soxr  # type: ignore[import-untyped]
 
-from streamd.audio.pcm import MODEL_RATE, PcmDecoder, check_format
+from streamd.audio.pcm import MODEL_RATE, PcmDecoder
+from streamd.protocol import check_format
 from streamd.errors import UnsupportedAudio
 
 

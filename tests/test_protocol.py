@@ -10,8 +10,11 @@ import pytest
 import streamd.errors as errors
 from streamd.config import EndpointingConfig
 from streamd.errors import ProtocolViolation, StreamdError, UnsupportedAudio
-from streamd.server.protocol import (
+from streamd.protocol import (
+    FATAL_ERRORS,
+    HANDSHAKE_REFUSALS,
     PROTOCOL_VERSION,
+    REALTIME_PATH,
     STREAM_PATH,
     ClientMessage,
     EndpointingOptions,
@@ -35,7 +38,7 @@ from streamd.server.protocol import (
     parse_server_message,
 )
 
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "protocol.md"
 START = '{"type":"start","sample_rate":16000,"encoding":"s16le"}'
 
 READY = Ready(session_id="abc", model="tiny", device="cuda:0", dtype="bf16", chunk_ms=160,
@@ -53,7 +56,16 @@ def start(**fields: object) -> str:
 
 
 def test_constants() -> None:
-    assert (PROTOCOL_VERSION, STREAM_PATH) == ("1", "/v1/stream")
+    assert (PROTOCOL_VERSION, STREAM_PATH, REALTIME_PATH) == ("1", "/v1/stream", "/v1/realtime")
+
+
+def test_errors_not_to_retry_are_documented() -> None:
+    """The clients' "do not reconnect" set is the documented one, and every code in it exists."""
+    text = DOCS.read_text()
+    paragraph = text[text.index("Reconnecting cannot help"):].split("\n\n", 1)[0]
+    assert set(re.findall(r"`(\w+)`", paragraph)) == FATAL_ERRORS
+    codes = {cls.code for cls in ERROR_CLASSES} | {code for code, _ in HANDSHAKE_REFUSALS.values()}
+    assert FATAL_ERRORS <= codes
 
 
 def test_minimal_start_takes_the_defaults() -> None:
