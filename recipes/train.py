@@ -64,7 +64,7 @@ from recipes.state import (
 )
 from recipes.synthetic.augment import AugmentConfig, augment, valid_mask
 from recipes.wer import wer
-from streamd.decoding.tokenizer import Tokenizer
+from streamd.model.tokenizer import Tokenizer
 from streamd.model.checkpoint import load_model, save_streamd
 from streamd.model.dims import ModelDims
 from streamd.model.transducer import Transducer

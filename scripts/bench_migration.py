@@ -32,7 +32,7 @@ import websockets
 
 from streamd.config import AdminConfig, Config, EngineConfig, ServerConfig
 from streamd.decoding.greedy import GreedyLabelLooping
-from streamd.decoding.tokenizer import Tokenizer
+from streamd.model.tokenizer import Tokenizer
 from streamd.model.checkpoint import save_streamd
 from streamd.model.dims import ModelDims
 from streamd.model.transducer import Transducer

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from streamd.audio.features import IncrementalLogMel, LogMel
+from streamd.audio.features import IncrementalLogMel
+from streamd.model.preprocessor import LogMel
 from streamd.model.encoder import PRE_ENCODE_CACHE
 
 SUBSAMPLING = 8

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import yaml
 
-from streamd.decoding.tokenizer import Tokenizer
+from streamd.model.tokenizer import Tokenizer
 from streamd.model.dims import FeatureDims, ModelDims
 from streamd.model.transducer import Transducer
 

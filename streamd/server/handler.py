@@ -19,7 +19,7 @@ from websockets.exceptions import ConnectionClosed
 
 from streamd.audio.pcm import PcmDecoder
 from streamd.config import Config
-from streamd.decoding.tokenizer import Tokenizer
+from streamd.model.tokenizer import Tokenizer
 from streamd.engine.endpoint import FRAME_MS
 from streamd.engine.placement import DTYPE_NAMES
 from streamd.engine.recognizer import CapacityError, ChunkResult
