@@ -187,9 +187,8 @@ def compute_losses(model: Transducer, batch: Batch, context: tuple[int, int], ge
     mel, mel_len = model.preprocessor(wav, lengths)
     if use_specaug:
         mel = spec_augment(mel, mel_len, gen)
-    model.encoder.set_att_context(context)
     with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16 and dev.type == "cuda"):
-        enc, enc_len = model.encoder(mel, mel_len)
+        enc, enc_len = model.encoder(mel, mel_len, context)
     enc = enc.float()
     labels, label_len = batch.labels, batch.label_lengths
     blank = model.dims.blank_id

@@ -81,10 +81,10 @@ class Item:
 
 # -- engine only -------------------------------------------------------------------------------
 
-def per_stream_bytes(model: Any) -> int:
+def per_stream_bytes(model: Any, left_context: int) -> int:
     """Slot state of one stream (encoder caches) at the model's dtype."""
     d = model.dims
-    elems = d.n_layers * (model.encoder.cache_frames * d.d_model + d.d_model * (d.conv_kernel - 1))
+    elems = d.n_layers * (left_context * d.d_model + d.d_model * (d.conv_kernel - 1))
     return int(elems * model.encoder.pre_encode.out.weight.element_size())
 
 
@@ -104,24 +104,24 @@ def engine_capacity(model_path: Path, item: Item, args: argparse.Namespace, seco
     deadline = t_begin + seconds
     device = parse_device(args.device)
     loaded = load_model(model_path)
-    left = loaded.model.encoder.att_context[0]
-    model = prepare(loaded.model, device, parse_dtype(item.dtype), att_context=(left, CHUNK_RC[item.chunk_ms]))
+    att_context = loaded.model.dims.att_context_with_right(CHUNK_RC[item.chunk_ms])
+    model = prepare(loaded.model, device, parse_dtype(item.dtype))
     del loaded
     max_n = args.engine_max
     if device.type == "cuda":  # slot state + the encoder's static inputs and outputs, with room
         free, _ = torch.cuda.mem_get_info(device)
-        max_n = min(max_n, int(0.6 * free / (3.5 * per_stream_bytes(model))))
+        max_n = min(max_n, int(0.6 * free / (3.5 * per_stream_bytes(model, att_context[0]))))
     mode = "auto" if item.graphs == "on" else EAGER
-    rec = Recognizer(model, capacity=max_n,
+    rec = Recognizer(model, capacity=max_n, att_context=att_context,
                      decoder_factory=lambda m: make_decoder(m, mode, per_octave=DECODER_BUCKETS_PER_OCTAVE),
                      encoder_factory=lambda m: make_encoder_step(m, mode, max_n))
     chunk_s = rec.geometry.chunk_ms / 1000
-    hop = 160  # samples per mel frame at 16 kHz
     rng = np.random.default_rng(0)
     tone = np.frombuffer(load.tone_bursts(seconds=20.0).pcm, dtype="<i2").astype(np.float32) / 32768
     streams: list[Any] = []
     offsets: list[int] = []
-    chunk = hop * 8 * (rec.geometry.right + 1)
+    g = rec.geometry
+    chunk = g.hop * g.subsampling * (g.right + 1)
 
     def feed(s: Any, k: int) -> None:
         start = offsets[k] % (tone.size - chunk)
@@ -131,7 +131,7 @@ def engine_capacity(model_path: Path, item: Item, args: argparse.Namespace, seco
     def probe(n: int) -> dict[str, Any]:
         while len(streams) < n:
             s = rec.open()
-            s.push_audio(tone[:hop * 50])  # half a second ahead: every step has a full chunk
+            s.push_audio(tone[:g.sample_rate // 2])  # half a second ahead: every step has a full chunk
             streams.append(s)
             offsets.append(int(rng.integers(0, tone.size)))
         while len(streams) > n:

@@ -67,7 +67,7 @@ def calibrate(m: Transducer, rng: np.random.Generator) -> None:
     m.joint.enc.weight.mul_(30)
     t = np.arange(16000 * 6) / 16000
     x = torch.from_numpy((0.2 * np.sin(2 * np.pi * 200 * t) + rng.normal(0, 0.01, t.size)).astype(np.float32))[None]
-    enc, _ = m.encoder(*m.preprocessor(x, torch.tensor([x.shape[1]])))
+    enc, _ = m.encoder(*m.preprocessor(x, torch.tensor([x.shape[1]])), m.dims.att_context())
     logits = m.joint.joint_after_projection(m.joint.project_encoder(enc[0]),
                                             GreedyLabelLooping.for_model(m).initial_state(1).gproj)
     blank = m.dims.blank_id

@@ -53,21 +53,19 @@ def placement(model: Transducer) -> str:
 
 
 def prepare(master: Transducer, device: torch.device, dtype: torch.dtype,
-            att_context: tuple[int, int] | None = None, probe: bool = False) -> Transducer:
+            probe: tuple[int, int] | None = None) -> Transducer:
     """A copy of the master weights (fp32, CPU, as loaded) at the target placement, made while
     the engine keeps serving; fp32 -> bf16 -> fp32 thus gives back the exact fp32 model.
 
-    With `probe`, one silent chunk then runs through the copy (eager decoder, its own
-    throwaway slot state): a target that cannot run (no kernel for the dtype, out of memory)
-    fails here, and the device's context, libraries and kernels are warm before the engine
-    pauses. Raises whatever the allocation or the probe raises."""
+    With `probe` (an attention context: the serving one), one silent chunk then runs through the
+    copy (eager decoder, its own throwaway slot state): a target that cannot run (no kernel for
+    the dtype, out of memory) fails here, and the device's context, libraries and kernels are
+    warm before the engine pauses. Raises whatever the allocation or the probe raises."""
     target = copy.deepcopy(master)
     try:
         move_model(target, device, dtype)
-        if att_context is not None:
-            target.encoder.set_att_context(att_context)
-        if probe:
-            _probe(Recognizer(target, capacity=1))
+        if probe is not None:
+            _probe(Recognizer(target, capacity=1, att_context=probe))
             _synchronize(device)
     except BaseException:
         del target
@@ -76,11 +74,11 @@ def prepare(master: Transducer, device: torch.device, dtype: torch.dtype,
     return target
 
 
-def stage_cache(target: Transducer, capacity: int) -> EncoderCache:
+def stage_cache(target: Transducer, capacity: int, att_context: tuple[int, int]) -> EncoderCache:
     """Slot-state buffers at the target placement, allocated (pages touched) before the pause,
     so the cut-over only copies into them. For a FastConformer-L with 256 slots the encoder
     cache is about 0.7 GB in fp32: allocating it inside the pause dominated a move to the CPU."""
-    return target.encoder.init_cache(capacity, target.device, target.dtype)
+    return target.encoder.init_cache(capacity, att_context, target.device, target.dtype)
 
 
 def cut_over(rec: Recognizer, target: Transducer, staged: EncoderCache | None = None) -> tuple[float, int]:
@@ -109,7 +107,7 @@ def _probe(rec: Recognizer) -> None:
     """One silent chunk through encoder and decoder."""
     s = rec.open()
     try:
-        s.push_audio(np.zeros(rec.geometry.window * 160, dtype=np.float32))
+        s.push_audio(np.zeros(rec.geometry.window * rec.geometry.hop, dtype=np.float32))
         s.end()
         while s.ready:
             rec.step([s])

@@ -52,17 +52,20 @@ class ChunkResult:
 
 
 class Recognizer:
-    """Owns the slot state; the model, decoder and encoder step (factories of the model) are
-    passed in and never moved here."""
+    """Owns the slot state and the attention context; the model, decoder and encoder step
+    (factories of the model) are passed in and never moved here.
 
-    def __init__(self, model: Transducer, capacity: int, right_context: int | None = None,
+    `att_context`: the [left, right] attention context every step uses, one the model was trained
+    for (None: its default, the first); fixed for the recognizer's life (the slot caches hold
+    `left` frames), passed to the encoder at every call."""
+
+    def __init__(self, model: Transducer, capacity: int, att_context: tuple[int, int] | None = None,
                  decoder_factory: DecoderFactory = GreedyLabelLooping.for_model,
                  encoder_factory: EncoderFactory = eager_encoder) -> None:
         self.capacity, self.decoder_factory, self.encoder_factory = capacity, decoder_factory, encoder_factory
         self.model, self.decoder, self.encoder_step = model, decoder_factory(model), encoder_factory(model)
-        if right_context is not None:
-            model.encoder.set_att_context((model.encoder.att_context[0], right_context))
-        self.geometry = ChunkGeometry(model.encoder.att_context[1])
+        self.att_context = model.dims.att_context(att_context)
+        self.geometry = ChunkGeometry.of(model.dims, self.att_context[1])
         # Live features are computed on the CPU in fp32, whatever the model's device and dtype.
         self._logmel = copy.deepcopy(model.preprocessor).float().cpu()
         self._free = list(range(capacity - 1, -1, -1))
@@ -74,7 +77,6 @@ class Recognizer:
         """Serve from another model object with the same weights and architecture (a migration
         target); slot state follows it at the next `state_tensors()`, copied into `staged`
         (buffers already allocated at the new placement, see `migration.stage_cache`) if given."""
-        model.encoder.set_att_context(self.model.encoder.att_context)
         self.model, self.decoder, self.encoder_step = model, self.decoder_factory(model), self.encoder_factory(model)
         self._staged = staged
 
@@ -100,10 +102,11 @@ class Recognizer:
         device, dtype = self.model.device, self.model.dtype
         staged, self._staged = self._staged, None  # used now or never: it must not pin memory
         if staged is not None and (staged.channel.device != device or staged.channel.dtype != dtype
-                                   or staged.channel.shape[1] != self.capacity):
+                                   or staged.channel.shape[1:3] != (self.capacity, self.att_context[0])):
             staged = None
         if self._cache is None or self._dec is None:
-            self._cache = staged if staged is not None else self.model.encoder.init_cache(self.capacity, device, dtype)
+            self._cache = (staged if staged is not None
+                           else self.model.encoder.init_cache(self.capacity, self.att_context, device, dtype))
             self._dec = self.decoder.initial_state(self.capacity)
         elif self._cache.channel.device != device or self._cache.channel.dtype != dtype:
             if staged is not None:
@@ -131,7 +134,7 @@ class Recognizer:
                              [s.slot for s in streams]], device=device)
         lengths, start, rows = meta[0], meta[1], meta[2]
         full = all(w.start == 0 and w.length == mel.shape[2] for w in windows)
-        enc, enc_len = self.encoder_step(cache, rows, mel, lengths, start, full)
+        enc, enc_len = self.encoder_step(cache, rows, mel, lengths, start, full, att_context=self.att_context)
         hyps, new_dec = self.decoder(enc, enc_len, dec.index_select(rows))
         dec.index_copy_(rows, new_dec)
         return self._results(streams, hyps.to_lists(), enc_len.tolist())
@@ -157,14 +160,16 @@ class Recognizer:
         dec.index_copy_(rows, self.decoder.initial_state(1))
 
 
-def transcribe_offline(model: Transducer, audio: Tensor, decoder: GreedyLabelLooping | None = None
-                       ) -> tuple[list[int], list[int]]:
-    """Full-utterance reference: features, encoder under the streaming mask, greedy search.
+def transcribe_offline(model: Transducer, audio: Tensor, decoder: GreedyLabelLooping | None = None,
+                       att_context: tuple[int, int] | None = None) -> tuple[list[int], list[int]]:
+    """Full-utterance reference: features, encoder under the streaming mask of `att_context`
+    (None: the model's default), greedy search.
     audio: (N,) float32 at the model's rate. Returns tokens and their encoder-frame times."""
+    context = model.dims.att_context(att_context)
     with torch.no_grad():
         device = model.device
         a = audio.to(device)[None]
         mel, mel_len = model.preprocessor(a, torch.tensor([a.shape[1]], device=device))
-        enc, enc_len = model.encoder(mel, mel_len)
+        enc, enc_len = model.encoder(mel, mel_len, context)
         hyps, _ = (decoder or GreedyLabelLooping.for_model(model))(enc, enc_len)
     return hyps.to_lists()[0]

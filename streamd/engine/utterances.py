@@ -30,14 +30,17 @@ class Utterance:
 
 @dataclass
 class UtteranceTracker:
+    """Cuts one segment's chunk results into utterances by `rules`, at `frame_ms` per encoder frame."""
+
     rules: EndpointingConfig
+    frame_ms: float
     index: int = 0
     tokens: list[int] = field(default_factory=list)
     times: list[int] = field(default_factory=list)
     endpointer: Endpointer = field(init=False)
 
     def __post_init__(self) -> None:
-        self.endpointer = Endpointer(self.rules)
+        self.endpointer = Endpointer(self.rules, self.frame_ms)
 
     @property
     def start(self) -> int:

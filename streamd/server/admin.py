@@ -78,9 +78,8 @@ class Control:
                     log.info("admin: migrate to %s: already there, nothing to do", source)
                     return report
                 t0 = time.perf_counter()
-                target = await asyncio.to_thread(prepare, self.state.master, dev, dt,
-                                                 rec.model.encoder.att_context, True)
-                staged = await asyncio.to_thread(stage_cache, target, rec.capacity)
+                target = await asyncio.to_thread(prepare, self.state.master, dev, dt, rec.att_context)
+                staged = await asyncio.to_thread(stage_cache, target, rec.capacity, rec.att_context)
                 report.prepare_ms = (time.perf_counter() - t0) * 1000
                 self.state.cutting_over = True
                 try:

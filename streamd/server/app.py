@@ -53,15 +53,14 @@ def build_state(cfg: Config, metrics: Metrics) -> ServerState:
     loaded = load_model(resolve_model_path(e.model))
     device = parse_device(e.resolved_device(torch.cuda.is_available()))
     dtype = parse_dtype(e.dtype)
-    if e.right_context is not None:
-        loaded.model.encoder.set_att_context((loaded.model.encoder.att_context[0], e.right_context))
+    att_context = loaded.model.dims.att_context_with_right(e.right_context)
     capacity = cfg.server.max_streams
     mode = "auto" if e.cuda_graphs == "on" else EAGER
 
     def graph_fallback(reason: str) -> None:
         metrics.graph_fallbacks.inc()
 
-    rec = Recognizer(prepare(loaded.model, device, dtype), capacity,
+    rec = Recognizer(prepare(loaded.model, device, dtype), capacity, att_context,
                      decoder_factory=lambda m: make_decoder(m, mode, per_octave=DECODER_BUCKETS_PER_OCTAVE),
                      encoder_factory=lambda m: make_encoder_step(m, mode, capacity, graph_fallback))
     chunk_s = rec.geometry.chunk_ms / 1000
@@ -77,7 +76,7 @@ def build_state(cfg: Config, metrics: Metrics) -> ServerState:
 async def warm_up(engine: Engine) -> None:
     """One chunk of silence through the whole pipeline, so the first client does not pay for it."""
     session = await engine.open()
-    engine.push(session, np.zeros(16000 * 2, dtype=np.float32))
+    engine.push(session, np.zeros(2 * engine.recognizer.geometry.sample_rate, dtype=np.float32))
     engine.end(session)
     while await session.results.get() is not None:
         pass

@@ -334,7 +334,7 @@ class RealtimeConnection(Connection):
             return
         if self.pcm is None:
             self.start = self.config.start()
-            self.pcm = PcmDecoder(self.start.sample_rate, self.start.encoding)
+            self.pcm = PcmDecoder(self.start.sample_rate, self.start.encoding, model_rate=self.rate)
             self.segment = await self._open_segment(0.0)
             self.sender = asyncio.create_task(
                 self._sender(self.start.endpointing.resolve(self.state.config.endpointing)))
@@ -352,7 +352,7 @@ class RealtimeConnection(Connection):
         assert self.segment is not None
         self.segment.end_reason = reason
         self.state.engine.end(self.segment.session)
-        self.segment = await self._open_segment(self.samples_in / 16000, after=self.segment)
+        self.segment = await self._open_segment(self.samples_in / self.rate, after=self.segment)
         self.appended = False
 
     async def _drain(self) -> None:
