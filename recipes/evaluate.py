@@ -26,7 +26,7 @@ import torch
 
 from recipes.data import Utterance, pad_float, read_float, read_manifest
 from recipes.state import load_streamd_any
-from recipes.wer import edit_distance, normalize, wer, word_errors  # noqa: F401  (re-exported)
+from recipes.wer import normalize, word_errors
 from streamd.decoding.greedy import GreedyLabelLooping
 from streamd.decode import stream_batch
 from streamd.model.transducer import Transducer

@@ -94,7 +94,7 @@ def engine_capacity(model_path: Path, item: Item, args: argparse.Namespace, seco
 
     from streamd.decoding.graphs import EAGER, make_decoder
     from streamd.engine.encoder_step import make_encoder_step
-    from streamd.engine.migration import prepare
+    from streamd.engine.migration import placed_copy
     from streamd.engine.placement import parse_device, parse_dtype
     from streamd.engine.recognizer import Recognizer
     from streamd.model.checkpoint import load_model
@@ -105,7 +105,7 @@ def engine_capacity(model_path: Path, item: Item, args: argparse.Namespace, seco
     device = parse_device(args.device)
     loaded = load_model(model_path)
     att_context = loaded.model.dims.att_context_with_right(CHUNK_RC[item.chunk_ms])
-    model = prepare(loaded.model, device, parse_dtype(item.dtype))
+    model = placed_copy(loaded.model, device, parse_dtype(item.dtype))
     del loaded
     max_n = args.engine_max
     if device.type == "cuda":  # slot state + the encoder's static inputs and outputs, with room
@@ -113,7 +113,7 @@ def engine_capacity(model_path: Path, item: Item, args: argparse.Namespace, seco
         max_n = min(max_n, int(0.6 * free / (3.5 * per_stream_bytes(model, att_context[0]))))
     mode = "auto" if item.graphs == "on" else EAGER
     rec = Recognizer(model, capacity=max_n, att_context=att_context,
-                     decoder_factory=lambda m: make_decoder(m, mode, per_octave=DECODER_BUCKETS_PER_OCTAVE),
+                     search_factory=lambda m: make_decoder(m, mode, per_octave=DECODER_BUCKETS_PER_OCTAVE),
                      encoder_factory=lambda m: make_encoder_step(m, mode, max_n))
     chunk_s = rec.geometry.chunk_ms / 1000
     rng = np.random.default_rng(0)
@@ -153,7 +153,7 @@ def engine_capacity(model_path: Path, item: Item, args: argparse.Namespace, seco
         step = statistics.median(measured)
         row = {"streams": n, "step_s": round(step, 4), "step_max_s": round(max(measured), 4),
                "first_step_s": round(times[0], 4), "steps": len(measured), "passed": step <= chunk_s,
-               "encoder": rec.encoder_step.mode, "decoder": getattr(rec.decoder, "mode", "eager")}
+               "encoder": rec.encoder_step.mode, "decoder": getattr(rec.search, "mode", "eager")}
         print(f"  engine {n:6d} streams: step {step:.3f} s (max {max(measured):.3f}, first {times[0]:.3f}) "
               f"{'ok' if row['passed'] else 'too slow'} [{row['encoder']}/{row['decoder']}]", flush=True)
         return row

@@ -162,7 +162,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         report = await app.control.migrate(device, dtype)
         t_done = time.monotonic()
         await asyncio.sleep(args.settle)
-        decoder = state.engine.recognizer.decoder  # the target's, re-captured on its first chunk
+        decoder = state.engine.recognizer.search  # the target's, re-captured on its first chunk
         recapture_ms = round(getattr(decoder, "last_capture_ms", 0.0), 1) if getattr(decoder, "rebuilds", 0) else None
         last_before = max((t for t, _ in steps if t <= t_done), default=t_call)
         after = [(t, s) for t, s in steps if t > t_done]

@@ -29,9 +29,10 @@ class DecodeOptions:
     batch: int = 16
 
 
-def prepare(opts: DecodeOptions) -> LoadedModel:
+def load_for_decoding(opts: DecodeOptions) -> LoadedModel:
+    """The model `opts` names at its device and dtype; an untrained attention context fails here."""
     loaded = load_model(resolve_model_path(opts.model))
-    loaded.model.dims.att_context(opts.att_context)  # an untrained context fails before any work
+    loaded.model.dims.att_context(opts.att_context)
     move_model(loaded.model, parse_device(opts.device), parse_dtype(opts.dtype))
     return loaded
 
@@ -40,7 +41,7 @@ def decode_files(files: Sequence[str], opts: DecodeOptions, out: TextIO = sys.st
     """Print one JSON line per file: file, text, tokens, timestamps (encoder frames)."""
     from streamd.audio.files import read_audio  # soundfile: only this command needs it
 
-    loaded = prepare(opts)
+    loaded = load_for_decoding(opts)
     m, tok = loaded.model, loaded.tokenizer
     for i in range(0, len(files), opts.batch):
         group = files[i: i + opts.batch]

@@ -57,25 +57,11 @@ class ProtocolViolation(StreamdError):
     close_code = CloseCode.POLICY_VIOLATION
 
 
-class MessageTooBig(StreamdError):
-    """A websocket message exceeded ``max_message_bytes``."""
-
-    code = "message_too_big"
-    close_code = CloseCode.MESSAGE_TOO_BIG
-
-
 class UnsupportedAudio(StreamdError):
     """Audio the server cannot accept: encoding, rate, channels, NaN/inf samples."""
 
     code = "unsupported_audio"
     close_code = CloseCode.UNSUPPORTED_DATA
-
-
-class Unauthorized(StreamdError):
-    """Missing or wrong credentials."""
-
-    code = "unauthorized"
-    close_code = CloseCode.POLICY_VIOLATION
 
 
 class IdleTimeout(StreamdError):
@@ -113,21 +99,8 @@ class Overloaded(StreamdError):
     close_code = CloseCode.TRY_AGAIN_LATER
 
 
-class ModelUnavailable(StreamdError):
-    """The model failed to load or is not on any device."""
-
-    code = "model_unavailable"
-    close_code = CloseCode.INTERNAL_ERROR
-
-
 class InternalError(StreamdError):
     """An unexpected server fault (a bug or a device failure)."""
 
     code = "internal_error"
     close_code = CloseCode.INTERNAL_ERROR
-
-
-class MigrationError(StreamdError):
-    """A live migration to another device or dtype failed; streams stay where they were."""
-
-    code = "migration_failed"

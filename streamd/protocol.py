@@ -21,8 +21,7 @@ from typing import Any, ClassVar, Literal, TypeVar, Union, cast, get_args
 from websockets.frames import CloseCode as CloseCode
 
 from streamd.config import MAX_ENDPOINT_MS, EndpointingConfig
-from streamd.errors import (MessageTooBig, ProtocolViolation, StreamdError, Unauthorized, UnsupportedAudio,
-                            echo)
+from streamd.errors import ProtocolViolation, StreamdError, UnsupportedAudio, echo
 
 
 PROTOCOL_VERSION = "1"
@@ -37,14 +36,14 @@ MAX_CHANNELS = 8
 Encoding = Literal["s16le", "f32le"]
 ENCODINGS: tuple[Encoding, ...] = get_args(Encoding)
 
-# Error codes that a new connection would only repeat: the client must change, not retry.
-# ``forbidden`` is the handshake's HTTP 403 (an origin not allowed), which has no error message.
-FATAL_ERRORS = frozenset({ProtocolViolation.code, UnsupportedAudio.code, Unauthorized.code, MessageTooBig.code,
-                          "forbidden"})
-# Handshakes refused with these HTTP statuses, as an error code and an explanation for the user.
+# Handshakes refused with these HTTP statuses (no websocket, no error message), as the error
+# code clients report and an explanation for the user.
 HANDSHAKE_REFUSALS: Mapping[int, tuple[str, str]] = {
-    HTTPStatus.UNAUTHORIZED: (Unauthorized.code, "the daemon needs a bearer token (--token-file)"),
+    HTTPStatus.UNAUTHORIZED: ("unauthorized", "the daemon needs a bearer token (--token-file)"),
     HTTPStatus.FORBIDDEN: ("forbidden", "the daemon does not take streams from this origin")}
+# Error codes that a new connection would only repeat: the client must change, not retry.
+FATAL_ERRORS = frozenset({ProtocolViolation.code, UnsupportedAudio.code,
+                          *(code for code, _ in HANDSHAKE_REFUSALS.values())})
 
 FinalReason = Literal["endpoint", "max_utterance", "finalize", "end_of_stream"]
 

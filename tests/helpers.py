@@ -88,8 +88,8 @@ def run_streams(m: Transducer, decoder: Any, audios: list[np.ndarray], starts: l
     runs before that tick's step. `encoder`: the EncoderStep to use (default: eager). Returns each
     stream's (tokens, times) and the decoder modes seen."""
     rng = np.random.default_rng(seed)
-    rec = (Recognizer(m, capacity=len(audios), decoder_factory=lambda _: decoder) if encoder is None else
-           Recognizer(m, capacity=len(audios), decoder_factory=lambda _: decoder, encoder_factory=lambda _: encoder))
+    rec = (Recognizer(m, capacity=len(audios), search_factory=lambda _: decoder) if encoder is None else
+           Recognizer(m, capacity=len(audios), search_factory=lambda _: decoder, encoder_factory=lambda _: encoder))
     streams: dict[int, Any] = {}
     pos, done, modes, tick = [0] * len(audios), [None] * len(audios), [], 0
     while any(x is None for x in done):

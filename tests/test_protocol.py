@@ -238,7 +238,7 @@ def test_error_from_exception_and_close_codes() -> None:
     exc = errors.Overloaded("no free slot")
     assert Error.from_exception(exc) == Error("overloaded", "no free slot")
     assert close_for(exc) == (1013, "no free slot")
-    assert close_for(errors.MigrationError("x"))[0] == 1011
+    assert close_for(errors.ConfigError("x"))[0] == 1011  # no close code of its own: internal
 
 
 def test_close_reason_is_truncated_to_123_utf8_bytes() -> None:
@@ -266,14 +266,16 @@ def test_error_codes_are_unique_and_documented() -> None:
     for cls in ERROR_CLASSES:
         if cls.close_code is not None:
             assert re.search(rf"`{cls.code}`.*\b{cls.close_code}\b", docs), cls.__name__
+    table = docs.split("## Error codes", 1)[1].split("\n## ", 1)[0]
+    documented = set(re.findall(r"^\| `(\w+)` \| \d{4} \|", table, re.M))
+    assert documented == {cls.code for cls in ERROR_CLASSES if cls.close_code is not None}  # none never sent
 
 
 def test_close_codes() -> None:
     assert {cls.__name__: cls.close_code for cls in ERROR_CLASSES} == {
-        "ConfigError": None, "ProtocolViolation": 1008, "MessageTooBig": 1009,
-        "UnsupportedAudio": 1003, "Unauthorized": 1008, "IdleTimeout": 1008,
+        "ConfigError": None, "ProtocolViolation": 1008, "UnsupportedAudio": 1003, "IdleTimeout": 1008,
         "SessionExpired": 1008, "BacklogExceeded": 1008, "SlowConsumer": 1008, "Overloaded": 1013,
-        "ModelUnavailable": 1011, "InternalError": 1011, "MigrationError": None,
+        "InternalError": 1011,
     }
 
 

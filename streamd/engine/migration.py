@@ -1,7 +1,7 @@
 """Live migration: move the serving model to another device and/or dtype while streams go on.
 
 1. The target copy of the model is prepared on a worker thread while the engine keeps serving
-   from the source (`prepare`).
+   from the source (`placed_copy`).
    A probe chunk runs through the copy there, so a target that cannot run (no bf16 kernel,
    out of memory) fails before anything changes, and the device is warm.
    The slot-state buffers at the target are allocated then too (`stage_cache`).
@@ -52,8 +52,8 @@ def placement(model: Transducer) -> str:
     return f"{model.device} {DTYPE_NAMES[model.dtype]}"
 
 
-def prepare(master: Transducer, device: torch.device, dtype: torch.dtype,
-            probe: tuple[int, int] | None = None) -> Transducer:
+def placed_copy(master: Transducer, device: torch.device, dtype: torch.dtype,
+                probe: tuple[int, int] | None = None) -> Transducer:
     """A copy of the master weights (fp32, CPU, as loaded) at the target placement, made while
     the engine keeps serving; fp32 -> bf16 -> fp32 thus gives back the exact fp32 model.
 

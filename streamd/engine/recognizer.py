@@ -26,8 +26,8 @@ from streamd.model.encoder import EncoderCache
 from streamd.model.transducer import Transducer
 
 
-Decoder = GreedyLabelLooping | GraphGreedyLabelLooping | BucketedGraphDecoder
-DecoderFactory = Callable[[Transducer], Decoder]
+Search = GreedyLabelLooping | GraphGreedyLabelLooping | BucketedGraphDecoder  # not `model.decoder`, the prediction net
+SearchFactory = Callable[[Transducer], Search]
 EncoderFactory = Callable[[Transducer], EncoderStep]
 
 
@@ -44,7 +44,6 @@ class ChunkResult:
     """One stream's outcome of one step: new labels with global encoder-frame times, and the
     encoder frames [frame_start, frame_end) this step decoded."""
 
-    stream: Stream
     tokens: list[int]
     times: list[int]
     frame_start: int
@@ -52,18 +51,19 @@ class ChunkResult:
 
 
 class Recognizer:
-    """Owns the slot state and the attention context; the model, decoder and encoder step
-    (factories of the model) are passed in and never moved here.
+    """Owns the slot state and the attention context; the model, the search (greedy decoding, as
+    `search`: `model.decoder` is the prediction net) and the encoder step (factories of the model)
+    are passed in and never moved here.
 
     `att_context`: the [left, right] attention context every step uses, one the model was trained
     for (None: its default, the first); fixed for the recognizer's life (the slot caches hold
     `left` frames), passed to the encoder at every call."""
 
     def __init__(self, model: Transducer, capacity: int, att_context: tuple[int, int] | None = None,
-                 decoder_factory: DecoderFactory = GreedyLabelLooping.for_model,
+                 search_factory: SearchFactory = GreedyLabelLooping.for_model,
                  encoder_factory: EncoderFactory = eager_encoder) -> None:
-        self.capacity, self.decoder_factory, self.encoder_factory = capacity, decoder_factory, encoder_factory
-        self.model, self.decoder, self.encoder_step = model, decoder_factory(model), encoder_factory(model)
+        self.capacity, self.search_factory, self.encoder_factory = capacity, search_factory, encoder_factory
+        self.model, self.search, self.encoder_step = model, search_factory(model), encoder_factory(model)
         self.att_context = model.dims.att_context(att_context)
         self.geometry = ChunkGeometry.of(model.dims, self.att_context[1])
         # Live features are computed on the CPU in fp32, whatever the model's device and dtype.
@@ -77,7 +77,7 @@ class Recognizer:
         """Serve from another model object with the same weights and architecture (a migration
         target); slot state follows it at the next `state_tensors()`, copied into `staged`
         (buffers already allocated at the new placement, see `migration.stage_cache`) if given."""
-        self.model, self.decoder, self.encoder_step = model, self.decoder_factory(model), self.encoder_factory(model)
+        self.model, self.search, self.encoder_step = model, self.search_factory(model), self.encoder_factory(model)
         self._staged = staged
 
     @property
@@ -107,7 +107,7 @@ class Recognizer:
         if self._cache is None or self._dec is None:
             self._cache = (staged if staged is not None
                            else self.model.encoder.init_cache(self.capacity, self.att_context, device, dtype))
-            self._dec = self.decoder.initial_state(self.capacity)
+            self._dec = self.search.initial_state(self.capacity)
         elif self._cache.channel.device != device or self._cache.channel.dtype != dtype:
             if staged is not None:
                 staged.copy_(self._cache)
@@ -135,7 +135,7 @@ class Recognizer:
         lengths, start, rows = meta[0], meta[1], meta[2]
         full = all(w.start == 0 and w.length == mel.shape[2] for w in windows)
         enc, enc_len = self.encoder_step(cache, rows, mel, lengths, start, full, att_context=self.att_context)
-        hyps, new_dec = self.decoder(enc, enc_len, dec.index_select(rows))
+        hyps, new_dec = self.search(enc, enc_len, dec.index_select(rows))
         dec.index_copy_(rows, new_dec)
         return self._results(streams, hyps.to_lists(), enc_len.tolist())
 
@@ -147,7 +147,7 @@ class Recognizer:
             s.frames_decoded += n
             s.tokens.extend(toks)
             s.times.extend(times)
-            out.append(ChunkResult(s, toks, times, start, s.frames_decoded))
+            out.append(ChunkResult(toks, times, start, s.frames_decoded))
         return out
 
     @torch.no_grad()
@@ -157,7 +157,7 @@ class Recognizer:
         cache.channel.index_fill_(1, rows, 0.0)
         cache.time.index_fill_(1, rows, 0.0)
         cache.channel_len.index_fill_(0, rows, 0)
-        dec.index_copy_(rows, self.decoder.initial_state(1))
+        dec.index_copy_(rows, self.search.initial_state(1))
 
 
 def transcribe_offline(model: Transducer, audio: Tensor, decoder: GreedyLabelLooping | None = None,

@@ -20,7 +20,7 @@ from streamd import systemd
 from streamd.config import Config
 from streamd.decoding.graphs import EAGER, make_decoder
 from streamd.engine.encoder_step import make_encoder_step
-from streamd.engine.migration import prepare
+from streamd.engine.migration import placed_copy
 from streamd.engine.placement import DTYPE_NAMES, parse_device, parse_dtype
 from streamd.engine.recognizer import Recognizer
 from streamd.engine.scheduler import Engine
@@ -60,8 +60,8 @@ def build_state(cfg: Config, metrics: Metrics) -> ServerState:
     def graph_fallback(reason: str) -> None:
         metrics.graph_fallbacks.inc()
 
-    rec = Recognizer(prepare(loaded.model, device, dtype), capacity, att_context,
-                     decoder_factory=lambda m: make_decoder(m, mode, per_octave=DECODER_BUCKETS_PER_OCTAVE),
+    rec = Recognizer(placed_copy(loaded.model, device, dtype), capacity, att_context,
+                     search_factory=lambda m: make_decoder(m, mode, per_octave=DECODER_BUCKETS_PER_OCTAVE),
                      encoder_factory=lambda m: make_encoder_step(m, mode, capacity, graph_fallback))
     chunk_s = rec.geometry.chunk_ms / 1000
 

@@ -283,7 +283,8 @@ class Connection:
     async def _sender(self, rules: object) -> None:
         index = 0
         while (seg := await self.segments.get()) is not None:
-            tracker = UtteranceTracker(rules, self.frame_ms, index=index)  # type: ignore[arg-type]
+            tracker = UtteranceTracker(rules, self.frame_ms, index,  # type: ignore[arg-type]
+                                       self.state.metrics.count_endpoint)
             frame_end = 0
             while (item := await seg.session.results.get()) is not None:
                 if isinstance(item, StreamFailed):

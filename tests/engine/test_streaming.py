@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from helpers import fixture_model, greedy, random_model, reference, run_streams, synthetic_audio
-from streamd.engine.migration import cut_over, prepare, stage_cache
+from streamd.engine.migration import cut_over, placed_copy, stage_cache
 from streamd.engine.placement import move_model
 from streamd.engine.recognizer import Recognizer, transcribe_offline
 from streamd.engine.stream import Stream
@@ -141,14 +141,14 @@ def test_cut_over_copies_slot_state_into_the_staged_buffers() -> None:
     s.push_audio(audio[:30000])
     while s.ready:
         rec.step([s])
-    target = prepare(m, torch.device("cpu"), torch.float64)
+    target = placed_copy(m, torch.device("cpu"), torch.float64)
     staged = stage_cache(target, rec.capacity, rec.att_context)
     before = rec.state_tensors()[0].channel.clone()
     cut_over(rec, target, staged)
     cache = rec.state_tensors()[0]
     assert cache is staged and cache.channel.dtype == torch.float64
     assert torch.equal(cache.channel, before.double())
-    back = prepare(m, torch.device("cpu"), torch.float32)
+    back = placed_copy(m, torch.device("cpu"), torch.float32)
     cut_over(rec, back)  # no staged buffers: converted with .to()
     assert rec.state_tensors()[0].channel.dtype == torch.float32
     s.push_audio(audio[30000:])

@@ -7,7 +7,7 @@ from streamd.engine.utterances import UtteranceTracker
 
 
 def chunk(tokens: list[int], times: list[int], start: int, end: int) -> ChunkResult:
-    return ChunkResult(None, tokens, times, start, end)  # type: ignore[arg-type]
+    return ChunkResult(tokens, times, start, end)
 
 
 def test_endpoint_final_spans_its_frames_and_next_utterance_continues() -> None:
