@@ -26,7 +26,7 @@ import torch
 
 from recipes.data import Utterance, pad_float, read_float, read_manifest
 from recipes.state import load_streamd_any
-from recipes.wer import edit_distance, normalize, wer, word_errors  # noqa: F401  (re-exported)
+from recipes.wer import normalize, word_errors
 from streamd.decoding.greedy import GreedyLabelLooping
 from streamd.decode import stream_batch
 from streamd.model.transducer import Transducer
@@ -39,9 +39,9 @@ def greedy(model: Transducer) -> GreedyLabelLooping:
 @torch.no_grad()
 def offline_transcribe(model: Transducer, audios: Sequence[np.ndarray], batch: int = 64,
                        context: tuple[int, int] | None = None) -> list[list[int]]:
-    """Token ids of each utterance, decoded offline in padded batches on the model's device."""
-    if context is not None:
-        model.encoder.set_att_context(context)
+    """Token ids of each utterance, decoded offline in padded batches on the model's device, under
+    attention context `context` (None: the model's default)."""
+    att_context = model.dims.att_context(context)
     search, device = greedy(model), model.device
     order = sorted(range(len(audios)), key=lambda i: len(audios[i]))
     out: list[list[int]] = [[] for _ in audios]
@@ -49,7 +49,7 @@ def offline_transcribe(model: Transducer, audios: Sequence[np.ndarray], batch: i
         idx = order[s: s + batch]
         wav, lengths = pad_float([audios[i] for i in idx])
         mel, mel_len = model.preprocessor(wav.to(device), lengths.to(device))
-        enc, enc_len = model.encoder(mel, mel_len)
+        enc, enc_len = model.encoder(mel, mel_len, att_context)
         hyps, _ = search(enc, enc_len)
         for i, (toks, _) in zip(idx, hyps.to_lists()):
             out[i] = toks
@@ -62,7 +62,8 @@ def stream_transcribe(model: Transducer, audios: Sequence[np.ndarray], right_con
     """Token ids of each utterance through the daemon's streaming pipeline, `batch` at once."""
     out: list[list[int]] = []
     for s in range(0, len(audios), batch):
-        out += [toks for toks, _ in stream_batch(model, audios[s: s + batch], right_context)]
+        out += [toks for toks, _ in stream_batch(model, audios[s: s + batch],
+                                                 model.dims.att_context_with_right(right_context))]
     return out
 
 
@@ -84,7 +85,7 @@ def evaluate_sets(model: Transducer, tokenizer: Any, sets: dict[str, list[Uttera
                   contexts: Sequence[int], batch: int, offline: bool = True,
                   log: Any = print) -> dict[str, Any]:
     """{set: {"R13": {"streaming": score, "offline": score}, ...}} plus a few example lines."""
-    left = model.encoder.att_context[0]
+    left = model.dims.att_context()[0]
     results: dict[str, Any] = {}
     for name, utts in sets.items():
         audios = [read_float(u.audio) for u in utts]

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from streamd.decoding.tokenizer import Tokenizer
+from streamd.model.tokenizer import Tokenizer
 from streamd.model.dims import ModelDims
 from streamd.model.transducer import Transducer
 

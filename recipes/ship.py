@@ -26,7 +26,7 @@ def encoder_relative_error(a: Transducer, b: Transducer, audio: torch.Tensor) ->
     outs = []
     for m in (a, b):
         mel, mel_len = m.preprocessor(audio[None], torch.tensor([audio.numel()]))
-        outs.append(m.encoder(mel, mel_len)[0])
+        outs.append(m.encoder(mel, mel_len, m.dims.att_context())[0])
     return float((outs[0] - outs[1]).norm() / outs[0].norm())
 
 

@@ -64,7 +64,7 @@ from recipes.state import (
 )
 from recipes.synthetic.augment import AugmentConfig, augment, valid_mask
 from recipes.wer import wer
-from streamd.decoding.tokenizer import Tokenizer
+from streamd.model.tokenizer import Tokenizer
 from streamd.model.checkpoint import load_model, save_streamd
 from streamd.model.dims import ModelDims
 from streamd.model.transducer import Transducer
@@ -187,9 +187,8 @@ def compute_losses(model: Transducer, batch: Batch, context: tuple[int, int], ge
     mel, mel_len = model.preprocessor(wav, lengths)
     if use_specaug:
         mel = spec_augment(mel, mel_len, gen)
-    model.encoder.set_att_context(context)
     with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16 and dev.type == "cuda"):
-        enc, enc_len = model.encoder(mel, mel_len)
+        enc, enc_len = model.encoder(mel, mel_len, context)
     enc = enc.float()
     labels, label_len = batch.labels, batch.label_lengths
     blank = model.dims.blank_id

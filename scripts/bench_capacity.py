@@ -83,10 +83,10 @@ class Item:
 
 # -- engine only -------------------------------------------------------------------------------
 
-def per_stream_bytes(model: Any) -> int:
+def per_stream_bytes(model: Any, left_context: int) -> int:
     """Slot state of one stream (encoder caches) at the model's dtype."""
     d = model.dims
-    elems = d.n_layers * (model.encoder.cache_frames * d.d_model + d.d_model * (d.conv_kernel - 1))
+    elems = d.n_layers * (left_context * d.d_model + d.d_model * (d.conv_kernel - 1))
     return int(elems * model.encoder.pre_encode.out.weight.element_size())
 
 
@@ -96,7 +96,7 @@ def engine_capacity(model_path: Path, item: Item, args: argparse.Namespace, seco
 
     from streamd.decoding.graphs import EAGER, make_decoder
     from streamd.engine.encoder_step import make_encoder_step
-    from streamd.engine.migration import prepare
+    from streamd.engine.migration import placed_copy
     from streamd.engine.placement import parse_device, parse_dtype
     from streamd.engine.recognizer import Recognizer
     from streamd.model.checkpoint import load_model
@@ -106,24 +106,24 @@ def engine_capacity(model_path: Path, item: Item, args: argparse.Namespace, seco
     deadline = t_begin + seconds
     device = parse_device(args.device)
     loaded = load_model(model_path)
-    left = loaded.model.encoder.att_context[0]
-    model = prepare(loaded.model, device, parse_dtype(item.dtype), att_context=(left, CHUNK_RC[item.chunk_ms]))
+    att_context = loaded.model.dims.att_context_with_right(CHUNK_RC[item.chunk_ms])
+    model = placed_copy(loaded.model, device, parse_dtype(item.dtype))
     del loaded
     max_n = args.engine_max
     if device.type == "cuda":  # slot state + the encoder's static inputs and outputs, with room
         free, _ = torch.cuda.mem_get_info(device)
-        max_n = min(max_n, int(0.6 * free / (3.5 * per_stream_bytes(model))))
+        max_n = min(max_n, int(0.6 * free / (3.5 * per_stream_bytes(model, att_context[0]))))
     mode = "auto" if item.graphs == "on" else EAGER
-    rec = Recognizer(model, capacity=max_n,
-                     decoder_factory=lambda m: make_decoder(m, mode, per_octave=DECODER_BUCKETS_PER_OCTAVE),
+    rec = Recognizer(model, capacity=max_n, att_context=att_context,
+                     search_factory=lambda m: make_decoder(m, mode, per_octave=DECODER_BUCKETS_PER_OCTAVE),
                      encoder_factory=lambda m: make_encoder_step(m, mode, max_n))
     chunk_s = rec.geometry.chunk_ms / 1000
-    hop = 160  # samples per mel frame at 16 kHz
     rng = np.random.default_rng(0)
     tone = np.frombuffer(load.tone_bursts(seconds=20.0).pcm, dtype="<i2").astype(np.float32) / 32768
     streams: list[Any] = []
     offsets: list[int] = []
-    chunk = hop * 8 * (rec.geometry.right + 1)
+    g = rec.geometry
+    chunk = g.hop * g.subsampling * (g.right + 1)
 
     def feed(s: Any, k: int) -> None:
         start = offsets[k] % (tone.size - chunk)
@@ -133,7 +133,7 @@ def engine_capacity(model_path: Path, item: Item, args: argparse.Namespace, seco
     def probe(n: int) -> dict[str, Any]:
         while len(streams) < n:
             s = rec.open()
-            s.push_audio(tone[:hop * 50])  # half a second ahead: every step has a full chunk
+            s.push_audio(tone[:g.sample_rate // 2])  # half a second ahead: every step has a full chunk
             streams.append(s)
             offsets.append(int(rng.integers(0, tone.size)))
         while len(streams) > n:
@@ -155,7 +155,7 @@ def engine_capacity(model_path: Path, item: Item, args: argparse.Namespace, seco
         step = statistics.median(measured)
         row = {"streams": n, "step_s": round(step, 4), "step_max_s": round(max(measured), 4),
                "first_step_s": round(times[0], 4), "steps": len(measured), "passed": step <= chunk_s,
-               "encoder": rec.encoder_step.mode, "decoder": getattr(rec.decoder, "mode", "eager")}
+               "encoder": rec.encoder_step.mode, "decoder": getattr(rec.search, "mode", "eager")}
         print(f"  engine {n:6d} streams: step {step:.3f} s (max {max(measured):.3f}, first {times[0]:.3f}) "
               f"{'ok' if row['passed'] else 'too slow'} [{row['encoder']}/{row['decoder']}]", flush=True)
         return row

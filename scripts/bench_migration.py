@@ -32,7 +32,7 @@ import websockets
 
 from streamd.config import AdminConfig, Config, EngineConfig, ServerConfig
 from streamd.decoding.greedy import GreedyLabelLooping
-from streamd.decoding.tokenizer import Tokenizer
+from streamd.model.tokenizer import Tokenizer
 from streamd.model.checkpoint import save_streamd
 from streamd.model.dims import ModelDims
 from streamd.model.transducer import Transducer
@@ -67,7 +67,7 @@ def calibrate(m: Transducer, rng: np.random.Generator) -> None:
     m.joint.enc.weight.mul_(30)
     t = np.arange(16000 * 6) / 16000
     x = torch.from_numpy((0.2 * np.sin(2 * np.pi * 200 * t) + rng.normal(0, 0.01, t.size)).astype(np.float32))[None]
-    enc, _ = m.encoder(*m.preprocessor(x, torch.tensor([x.shape[1]])))
+    enc, _ = m.encoder(*m.preprocessor(x, torch.tensor([x.shape[1]])), m.dims.att_context())
     logits = m.joint.joint_after_projection(m.joint.project_encoder(enc[0]),
                                             GreedyLabelLooping.for_model(m).initial_state(1).gproj)
     blank = m.dims.blank_id
@@ -162,7 +162,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         report = await app.control.migrate(device, dtype)
         t_done = time.monotonic()
         await asyncio.sleep(args.settle)
-        decoder = state.engine.recognizer.decoder  # the target's, re-captured on its first chunk
+        decoder = state.engine.recognizer.search  # the target's, re-captured on its first chunk
         recapture_ms = round(getattr(decoder, "last_capture_ms", 0.0), 1) if getattr(decoder, "rebuilds", 0) else None
         last_before = max((t for t, _ in steps if t <= t_done), default=t_call)
         after = [(t, s) for t, s in steps if t > t_done]

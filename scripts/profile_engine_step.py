@@ -30,7 +30,7 @@ import load  # noqa: E402
 
 from streamd.decoding.graphs import EAGER, make_decoder  # noqa: E402
 from streamd.engine.encoder_step import make_encoder_step  # noqa: E402
-from streamd.engine.migration import prepare  # noqa: E402
+from streamd.engine.migration import placed_copy  # noqa: E402
 from streamd.engine.placement import parse_device, parse_dtype  # noqa: E402
 from streamd.engine.recognizer import Recognizer  # noqa: E402
 from streamd.model.checkpoint import load_model  # noqa: E402
@@ -67,12 +67,12 @@ def main() -> None:
         path = Path(tempfile.mkdtemp()) / "fastconformer-l-random.pt"
         make_model(path, vocab=1024)
     loaded = load_model(path)
-    left = loaded.model.encoder.att_context[0]
-    model = prepare(loaded.model, parse_device(args.device), parse_dtype(args.dtype),
-                    att_context=(left, CHUNK_RC[args.chunk_ms]))
+    att_context = loaded.model.dims.att_context_with_right(CHUNK_RC[args.chunk_ms])
+    model = placed_copy(loaded.model, parse_device(args.device), parse_dtype(args.dtype))
     n = args.streams
     mode = "auto" if args.graphs == "on" else EAGER
-    rec = Recognizer(model, capacity=n, decoder_factory=lambda m: make_decoder(m, mode, per_octave=4),
+    rec = Recognizer(model, capacity=n, att_context=att_context,
+                     search_factory=lambda m: make_decoder(m, mode, per_octave=4),
                      encoder_factory=lambda m: make_encoder_step(m, mode, n), features=args.features)
     tone = np.frombuffer(load.tone_bursts(seconds=20.0).pcm, dtype="<i2").astype(np.float32) / 32768
     streams = [rec.open() for _ in range(n)]

@@ -29,10 +29,10 @@ class DecodeOptions:
     batch: int = 16
 
 
-def prepare(opts: DecodeOptions) -> LoadedModel:
+def load_for_decoding(opts: DecodeOptions) -> LoadedModel:
+    """The model `opts` names at its device and dtype; an untrained attention context fails here."""
     loaded = load_model(resolve_model_path(opts.model))
-    if opts.att_context is not None:
-        loaded.model.encoder.set_att_context(opts.att_context)
+    loaded.model.dims.att_context(opts.att_context)
     move_model(loaded.model, parse_device(opts.device), parse_dtype(opts.dtype))
     return loaded
 
@@ -41,26 +41,27 @@ def decode_files(files: Sequence[str], opts: DecodeOptions, out: TextIO = sys.st
     """Print one JSON line per file: file, text, tokens, timestamps (encoder frames)."""
     from streamd.audio.files import read_audio  # soundfile: only this command needs it
 
-    loaded = prepare(opts)
+    loaded = load_for_decoding(opts)
     m, tok = loaded.model, loaded.tokenizer
     for i in range(0, len(files), opts.batch):
         group = files[i: i + opts.batch]
         audios = [read_audio(f, m.dims.features.sample_rate) for f in group]
         if opts.streaming:
-            results = stream_batch(m, audios)
+            results = stream_batch(m, audios, opts.att_context)
         else:
-            results = [transcribe_offline(m, torch.from_numpy(a)) for a in audios]
+            results = [transcribe_offline(m, torch.from_numpy(a), att_context=opts.att_context) for a in audios]
         for f, (tokens, times) in zip(group, results):
             out.write(json.dumps({"file": str(Path(f)), "text": tok.decode(tokens),
                                   "tokens": tokens, "timestamps": times}) + "\n")
             out.flush()
 
 
-def stream_batch(model: Transducer, audios: Sequence[np.ndarray], right_context: int | None = None
+def stream_batch(model: Transducer, audios: Sequence[np.ndarray], att_context: tuple[int, int] | None = None
                  ) -> list[tuple[list[int], list[int]]]:
     """Tokens and times of each audio (float32 at the model rate) streamed through the daemon's
-    pipeline, all as concurrent streams batched together chunk by chunk."""
-    rec = Recognizer(model, len(audios), right_context)
+    pipeline at `att_context` (None: the model's default), all as concurrent streams batched
+    together chunk by chunk."""
+    rec = Recognizer(model, len(audios), att_context)
     streams: list[Stream] = []
     for a in audios:
         s = rec.open()

@@ -89,9 +89,9 @@ def run_streams(m: Transducer, decoder: Any, audios: list[np.ndarray], starts: l
     where frames are computed (the Recognizer's option). Returns each stream's (tokens, times) and
     the decoder modes seen."""
     rng = np.random.default_rng(seed)
-    rec = (Recognizer(m, capacity=len(audios), decoder_factory=lambda _: decoder, features=features)
+    rec = (Recognizer(m, capacity=len(audios), search_factory=lambda _: decoder, features=features)
            if encoder is None else
-           Recognizer(m, capacity=len(audios), decoder_factory=lambda _: decoder, encoder_factory=lambda _: encoder,
+           Recognizer(m, capacity=len(audios), search_factory=lambda _: decoder, encoder_factory=lambda _: encoder,
                       features=features))
     streams: dict[int, Any] = {}
     pos, done, modes, tick = [0] * len(audios), [None] * len(audios), [], 0

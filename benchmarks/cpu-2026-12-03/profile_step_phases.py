@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np, torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import load
-from streamd.engine.migration import prepare
+from streamd.engine.migration import placed_copy
 from streamd.engine.recognizer import Recognizer
 from streamd.model.checkpoint import load_model
-m = prepare(load_model(sys.argv[1]).model, torch.device("cpu"), torch.float32)
+m = placed_copy(load_model(sys.argv[1]).model, torch.device("cpu"), torch.float32)
 n = int(sys.argv[2]); STEPS = int(sys.argv[3])
 rec = Recognizer(m, capacity=n)
 tone = np.frombuffer(load.tone_bursts(seconds=20.0).pcm, dtype="<i2").astype(np.float32) / 32768

@@ -12,7 +12,7 @@ class AudioFileError(ValueError):
     """The file cannot be read as audio."""
 
 
-def read_audio(path: str | os.PathLike[str], sample_rate: int = 16000) -> np.ndarray:
+def read_audio(path: str | os.PathLike[str], sample_rate: int) -> np.ndarray:
     """Any soundfile-readable file (WAV, FLAC, OGG, ...) as float32 mono at `sample_rate`."""
     try:
         data, sr = sf.read(str(path), dtype="float32", always_2d=True)

@@ -1,4 +1,4 @@
-"""Per-stream PCM intake: raw bytes of any size in, float32 mono at 16 kHz out.
+"""Per-stream PCM intake: raw bytes of any size in, float32 mono at the model's rate out.
 
 Binary websocket frames need not align with samples: an incomplete trailing
 sample frame (an odd byte of s16le, 1-3 bytes of f32le, or a partial
@@ -10,48 +10,29 @@ CPU only, no torch.
 """
 from __future__ import annotations
 
-from typing import Literal, get_args
-
 import numpy as np
 import numpy.typing as npt
 import soxr
 
-from streamd.errors import UnsupportedAudio, echo
+from streamd.errors import UnsupportedAudio
+from streamd.protocol import check_format
 
-
-MODEL_RATE = 16_000
-MIN_SAMPLE_RATE = 8_000
-MAX_SAMPLE_RATE = 48_000
-MAX_CHANNELS = 8
-
-Encoding = Literal["s16le", "f32le"]
-ENCODINGS: tuple[Encoding, ...] = get_args(Encoding)
 _DTYPES: dict[str, np.dtype[np.generic]] = {"s16le": np.dtype("<i2"), "f32le": np.dtype("<f4")}
 
 Samples = npt.NDArray[np.float32]
 
 
-def check_format(sample_rate: int, encoding: str, channels: int) -> None:
-    """Raise UnsupportedAudio unless the stream format is one streamd accepts."""
-    if encoding not in ENCODINGS:
-        raise UnsupportedAudio(f"unsupported encoding {echo(encoding)}; use one of {', '.join(ENCODINGS)}")
-    if not MIN_SAMPLE_RATE <= sample_rate <= MAX_SAMPLE_RATE:
-        raise UnsupportedAudio(
-            f"unsupported sample_rate {echo(sample_rate)}; use {MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE} Hz")
-    if not 1 <= channels <= MAX_CHANNELS:
-        raise UnsupportedAudio(f"unsupported channels {echo(channels)}; use 1..{MAX_CHANNELS}")
-
-
 class PcmDecoder:
-    """Decode one stream's PCM bytes to float32 mono samples at ``MODEL_RATE``.
+    """Decode one stream's PCM bytes to float32 mono samples at ``model_rate``.
 
     Args:
         sample_rate: the client's rate in Hz.
         encoding: ``"s16le"`` or ``"f32le"``.
         channels: interleaved channels, averaged to mono.
+        model_rate: the rate the model takes (its feature dims' ``sample_rate``).
     """
 
-    def __init__(self, sample_rate: int, encoding: str, channels: int = 1) -> None:
+    def __init__(self, sample_rate: int, encoding: str, channels: int = 1, *, model_rate: int) -> None:
         check_format(sample_rate, encoding, channels)
         self.sample_rate = sample_rate
         self.encoding = encoding
@@ -62,8 +43,8 @@ class PcmDecoder:
         self._frames = 0
         self._closed = False
         self._resampler = (
-            None if sample_rate == MODEL_RATE
-            else soxr.ResampleStream(sample_rate, MODEL_RATE, 1, dtype="float32", quality="HQ"))
+            None if sample_rate == model_rate
+            else soxr.ResampleStream(sample_rate, model_rate, 1, dtype="float32", quality="HQ"))
 
     @property
     def frames_received(self) -> int:
@@ -81,7 +62,7 @@ class PcmDecoder:
         return len(self._carry)
 
     def feed(self, data: bytes) -> Samples:
-        """Decode ``data`` (any length) and return the new 16 kHz samples, possibly none.
+        """Decode ``data`` (any length) and return the new samples at the model's rate, possibly none.
 
         Raises:
             UnsupportedAudio: the f32le data holds NaN or infinite samples.

@@ -1,7 +1,7 @@
 """What every client shares: open a stream, send PCM, read results, print them, retry.
 
-Only the documented protocol is used (``streamd.server.protocol`` is Sans-I/O and imports
-no torch). :func:`open_stream` performs the handshake and the ``start``/``ready`` exchange;
+Only the documented protocol is used (``streamd.protocol``, the module the server uses too, is
+Sans-I/O and imports no torch). :func:`open_stream` performs the handshake and the ``start``/``ready`` exchange;
 :class:`Session` sends audio and iterates over partials and finals; :func:`retry_delay`
 decides, from the error, whether and when to reconnect.
 """
@@ -13,6 +13,7 @@ import shutil
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from http import HTTPStatus
 from pathlib import Path
 from typing import TextIO
 from urllib.parse import urlsplit, urlunsplit
@@ -21,15 +22,10 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from streamd.errors import ProtocolViolation
-from streamd.server.protocol import (STREAM_PATH, Error, Final, Partial, Ready, Start, Stop, Summary,
-                                     encode_client_message, parse_server_message)
+from streamd.protocol import (FATAL_ERRORS, HANDSHAKE_REFUSALS, STREAM_PATH, Error, Final, Partial, Ready, Start,
+                              Stop, Summary, encode_client_message, parse_server_message)
 
 DEFAULT_URL = "ws://127.0.0.1:8765"
-# Errors that a new connection would only repeat: the client must change, not retry.
-FATAL_CODES = frozenset({"protocol_violation", "unsupported_audio", "unauthorized", "forbidden", "message_too_big"})
-_HTTP_SERVICE_UNAVAILABLE = 503
-_HTTP_REFUSALS = {401: ("unauthorized", "the daemon needs a bearer token (--token-file)"),
-                  403: ("forbidden", "the daemon does not take streams from this origin")}
 
 
 class StreamError(Exception):
@@ -43,7 +39,7 @@ class StreamError(Exception):
     @property
     def retryable(self) -> bool:
         """A new connection may succeed (overload, server fault, expiry)."""
-        return self.code not in FATAL_CODES
+        return self.code not in FATAL_ERRORS
 
 
 class ServerBusy(StreamError):
@@ -180,10 +176,10 @@ async def open_stream(url: str, start: Start, cafile: str | None = None,
                            additional_headers={"Authorization": f"Bearer {token}"} if token else None)
     except InvalidStatus as e:
         response = e.response
-        if response.status_code == _HTTP_SERVICE_UNAVAILABLE:
+        if response.status_code == HTTPStatus.SERVICE_UNAVAILABLE:
             raise ServerBusy(float(response.headers.get("Retry-After", "1"))) from None
-        if response.status_code in _HTTP_REFUSALS:
-            code, why = _HTTP_REFUSALS[response.status_code]
+        if response.status_code in HANDSHAKE_REFUSALS:
+            code, why = HANDSHAKE_REFUSALS[response.status_code]
             raise StreamError(code, f"HTTP {response.status_code} from {endpoint}: {why}") from None
         raise StreamError("handshake_refused", f"HTTP {response.status_code} from {endpoint}") from None
     except InvalidHandshake as e:

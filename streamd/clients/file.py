@@ -2,8 +2,8 @@
 
 Files are read with soundfile (WAV, FLAC, OGG, ... at any rate and channel count) and sent as
 s16le at their own rate and channel count: the daemon resamples and mixes to mono. Only what
-the protocol cannot carry is converted here: rates outside 8-48 kHz are resampled to 16 kHz and
-more than 8 channels are mixed to mono.
+the protocol cannot carry is converted here: rates outside 8-48 kHz are resampled to
+``RESAMPLE_RATE`` (16 kHz) and more than 8 channels are mixed to mono.
 
 Audio goes out in 100 ms messages, as fast as the daemon accepts them or, with ``realtime``,
 each one when its audio would have been spoken (like a live source). Several files are streamed
@@ -25,14 +25,16 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from streamd.audio.pcm import MAX_CHANNELS, MAX_SAMPLE_RATE, MIN_SAMPLE_RATE, MODEL_RATE
 from streamd.clients.common import DEFAULT_URL, Backoff, Session, open_stream, read_token, retry_delay
 from streamd.clients.output import EXTENSIONS, Transcript, render
 from streamd.clients.progress import Progress
-from streamd.server.protocol import Final, Start
+from streamd.protocol import MAX_CHANNELS, MAX_SAMPLE_RATE, MIN_SAMPLE_RATE, Final, Start
 
 CHUNK_S = 0.1
 ATTEMPTS = 5
+# The client knows nothing of the model: a file outside the protocol's rates is sent at the rate
+# speech models take (the shipped one's), which loses nothing the daemon would keep.
+RESAMPLE_RATE = 16_000
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,7 @@ def load_audio(path: str) -> Audio:
     if data.shape[1] > MAX_CHANNELS:
         data = data.mean(axis=1, keepdims=True).round().astype(np.int16)
     if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
-        data, rate = soxr.resample(data, rate, MODEL_RATE), MODEL_RATE
+        data, rate = soxr.resample(data, rate, RESAMPLE_RATE), RESAMPLE_RATE
     return Audio(np.ascontiguousarray(data).tobytes(), rate, data.shape[1])
 
 

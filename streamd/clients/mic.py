@@ -25,10 +25,9 @@ from typing import Any
 
 from streamd.clients.common import (Backoff, LiveDisplay, Session, StreamError, open_stream,
                                     read_token, retry_delay)
-from streamd.server.protocol import Final, Start, Summary
+from streamd.protocol import MAX_SAMPLE_RATE, MIN_SAMPLE_RATE, Final, Start, Summary
 
 BLOCK_S = 0.05  # 50 ms per message
-MIN_RATE, MAX_RATE = 8_000, 48_000
 STOP_TIMEOUT_S = 30.0  # wait this long for the last final after `stop`
 
 
@@ -70,10 +69,10 @@ def find_device(spec: str | None) -> dict[str, Any]:
 def capture_rate(device: dict[str, Any], requested: int | None) -> int:
     """The rate to open and declare: ``requested``, else the native rate clamped to 8-48 kHz."""
     if requested is not None:
-        if not MIN_RATE <= requested <= MAX_RATE:
-            raise MicrophoneError(f"--rate must be in {MIN_RATE}..{MAX_RATE} Hz, got {requested}")
+        if not MIN_SAMPLE_RATE <= requested <= MAX_SAMPLE_RATE:
+            raise MicrophoneError(f"--rate must be in {MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE} Hz, got {requested}")
         return requested
-    return min(MAX_RATE, max(MIN_RATE, int(device["default_samplerate"])))
+    return min(MAX_SAMPLE_RATE, max(MIN_SAMPLE_RATE, int(device["default_samplerate"])))
 
 
 class Microphone:

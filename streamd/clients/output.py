@@ -11,7 +11,7 @@ import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from streamd.server.protocol import Final, Word
+from streamd.protocol import Final, Word
 
 FORMATS = ("text", "jsonl", "srt", "vtt")
 EXTENSIONS = {"text": "txt", "jsonl": "jsonl", "srt": "srt", "vtt": "vtt"}

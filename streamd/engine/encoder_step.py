@@ -22,8 +22,8 @@ padded rows never reach real ones, and only real rows are copied back.
 
 Validity, as for the decoder (`streamd.decoding.graphs`): graphs are bound to memory addresses.
 Before every call the step compares an `EncoderGraphKey` (device, parameter dtype, data_ptr of
-every encoder parameter and buffer, attention context, mel window shape) with the one the graphs
-were captured for; on any difference it drops every graph, the static buffers and the pool,
+every encoder parameter and buffer, the call's attention context, mel window shape) with the one
+the graphs were captured for; on any difference it drops every graph, the static buffers and the pool,
 and captures again lazily, bucket by bucket, as buckets are used. Nothing device-specific
 exists before the first call, so a plain `model.to(...)` (another GPU, bf16, the CPU and back)
 needs no notification. An in-place weight update keeps the storage, and the graphs read the new
@@ -62,7 +62,7 @@ class EncoderGraphKey:
     device: torch.device
     dtype: torch.dtype
     weights: tuple[int, ...]  # data_ptr() of every encoder parameter and buffer
-    att_context: tuple[int, int]
+    att_context: tuple[int, int]  # the calls' argument, baked into the captured masks and cache shape
     window: tuple[int, int]  # (n_mels, W) of the mel input
 
     def changes_from(self, old: EncoderGraphKey | None) -> str:
@@ -148,7 +148,7 @@ class _Static:
         t_out -= DROP_EXTRA_PRE_ENCODED
         self.capacity = capacity
         self.shapes: dict[str, tuple[int, ...]] = {  # per row
-            "mel": (n_mels, w), "channel": (d.n_layers, encoder.cache_frames, d.d_model),
+            "mel": (n_mels, w), "channel": (d.n_layers, key.att_context[0], d.d_model),
             "time": (d.n_layers, d.d_model, d.conv_kernel - 1), "enc": (t_out, d.d_model), "row": ()}
 
         def flat(what: str, dtype: torch.dtype) -> Tensor:
@@ -245,12 +245,12 @@ class EncoderStep:
         """Rows the static buffers hold (0: none allocated)."""
         return self._static.capacity if self._static is not None else 0
 
-    def current_key(self, mel: Tensor) -> EncoderGraphKey:
-        """The key for the encoder as it is now and a mel input (b, n_mels, W)."""
+    def current_key(self, mel: Tensor, att_context: tuple[int, int]) -> EncoderGraphKey:
+        """The key for the encoder as it is now, a mel input (b, n_mels, W) and an attention context."""
         e = self.encoder
         w = e.pre_encode.out.weight
         ptrs = tuple(t.data_ptr() for t in (*e.parameters(), *e.buffers()))
-        return EncoderGraphKey(w.device, w.dtype, ptrs, e.att_context, (int(mel.shape[1]), int(mel.shape[2])))
+        return EncoderGraphKey(w.device, w.dtype, ptrs, att_context, (int(mel.shape[1]), int(mel.shape[2])))
 
     def reset(self) -> None:
         """Drop graphs and buffers now; the next call captures again."""
@@ -261,7 +261,7 @@ class EncoderStep:
 
     @torch.no_grad()
     def __call__(self, cache: EncoderCache, rows: Tensor, mel: Tensor, lengths: Tensor, start: Tensor,
-                 full: bool = False) -> tuple[Tensor, Tensor]:
+                 full: bool = False, *, att_context: tuple[int, int]) -> tuple[Tensor, Tensor]:
         """Encode one chunk of b streams and update their caches in place.
 
         Args:
@@ -270,25 +270,26 @@ class EncoderStep:
             mel: (b, n_mels, W) fp32 windows, on any device; lengths, start: (b,) int64 on the
                 model's device (as for `ConformerEncoder.streaming_forward`).
             full: every row is complete (start 0, length W): the eager path skips the masks.
+            att_context: the [left, right] attention context (C = left); part of the graph key.
         Returns: enc (b, T_out, d) and enc_len (b,), fresh tensors on the model's device.
         """
         b = int(rows.shape[0])
         device = cache.channel.device
         bucket = None
         if self.requested != EAGER and b > 0 and not self.encoder.training and self.backend.supports(device):
-            bucket = self._bucket_for(b, mel)
+            bucket = self._bucket_for(b, mel, att_context)
         if bucket is None:
             self._mode = EAGER
-            return self._eager(cache, rows, mel, lengths, start, full)
+            return self._eager(cache, rows, mel, lengths, start, full, att_context)
         self._mode = GRAPHS
         return self._replay(bucket, cache, rows, mel, lengths, start)
 
     # -- the two paths -----------------------------------------------------------------------
     def _eager(self, cache: EncoderCache, rows: Tensor, mel: Tensor, lengths: Tensor, start: Tensor,
-               full: bool) -> tuple[Tensor, Tensor]:
+               full: bool, att_context: tuple[int, int]) -> tuple[Tensor, Tensor]:
         sub = EncoderCache(cache.channel.index_select(1, rows), cache.time.index_select(1, rows),
                            cache.channel_len.index_select(0, rows))
-        enc, enc_len, nxt = self.encoder.streaming_forward(mel.to(cache.channel.device), lengths, sub,
+        enc, enc_len, nxt = self.encoder.streaming_forward(mel.to(cache.channel.device), lengths, sub, att_context,
                                                            start=start, full=full)
         _scatter(cache, rows, nxt)
         return enc, enc_len
@@ -311,8 +312,8 @@ class EncoderStep:
         return v.enc[:b].clone(), v.enc_len[:b].clone()
 
     # -- graphs ------------------------------------------------------------------------------
-    def _bucket_for(self, b: int, mel: Tensor) -> _Bucket | None:
-        key = self.current_key(mel)
+    def _bucket_for(self, b: int, mel: Tensor, att_context: tuple[int, int]) -> _Bucket | None:
+        key = self.current_key(mel, att_context)
         why = key.changes_from(self._key)
         if why:
             self._drop()
@@ -333,7 +334,7 @@ class EncoderStep:
                     self._grow(key, size)
                 assert self._static is not None
                 views = self._static.views(size)
-                graph = self.backend.capture(key.device, partial(self._body, views), self._pool)
+                graph = self.backend.capture(key.device, partial(self._body, views, key.att_context), self._pool)
         except Exception as e:  # noqa: BLE001 - no graph for this bucket: it runs eagerly
             self._failed.add(size)
             self.fallbacks += 1
@@ -364,9 +365,9 @@ class EncoderStep:
         self._static = _Static(self.encoder, key, rows)
         self._pool = self.backend.new_pool(key.device)
 
-    def _body(self, v: _Views) -> None:
+    def _body(self, v: _Views, att_context: tuple[int, int]) -> None:
         """What a graph runs: the encoder on the static buffers, outputs into static buffers."""
-        x, x_len, _ = self.encoder.streaming_forward(v.mel, v.lengths, v.cache, start=v.start, out=v.out)
+        x, x_len, _ = self.encoder.streaming_forward(v.mel, v.lengths, v.cache, att_context, start=v.start, out=v.out)
         v.enc.copy_(x)
         v.enc_len.copy_(x_len)
 

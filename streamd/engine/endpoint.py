@@ -1,6 +1,7 @@
 """Endpoint detection from the decoder's per-encoder-frame outcome.
 
-Kaldi/sherpa-style rules, OR-ed, evaluated after every encoder frame (80 ms).
+Kaldi/sherpa-style rules, OR-ed, evaluated after every encoder frame (80 ms for the models
+streamd runs; the caller passes the model's, `ChunkGeometry.frame_ms`).
 A frame is *speech* when the decoder emitted at least one non-blank token on
 it and *silence* otherwise; trailing silence counts the blank frames since the
 utterance's last speech frame (or since its start).
@@ -24,9 +25,6 @@ from dataclasses import dataclass, field
 from streamd.config import EndpointingConfig
 
 
-FRAME_MS = 80
-
-
 class EndpointRule(enum.Enum):
     """Which rule ended an utterance; values are stable metric label values."""
 
@@ -35,7 +33,7 @@ class EndpointRule(enum.Enum):
     MAX_UTTERANCE = "max_utterance"
 
 
-def _frames(ms: int, frame_ms: int) -> int:
+def _frames(ms: int, frame_ms: float) -> int:
     return math.ceil(ms / frame_ms)
 
 
@@ -59,7 +57,7 @@ class Endpointer:
     """
 
     rules: EndpointingConfig
-    frame_ms: int = FRAME_MS
+    frame_ms: float  # milliseconds per encoder frame
     position: int = field(default=0, init=False)
     utterance_start: int = field(default=0, init=False)
     trailing_silence: int = field(default=0, init=False)

@@ -1,7 +1,7 @@
 """Live migration: move the serving model to another device and/or dtype while streams go on.
 
 1. The target copy of the model is prepared on a worker thread while the engine keeps serving
-   from the source (`prepare`).
+   from the source (`placed_copy`).
    A probe chunk runs through the copy there, so a target that cannot run (no bf16 kernel,
    out of memory) fails before anything changes, and the device is warm.
    The slot-state buffers at the target are allocated then too (`stage_cache`).
@@ -52,22 +52,20 @@ def placement(model: Transducer) -> str:
     return f"{model.device} {DTYPE_NAMES[model.dtype]}"
 
 
-def prepare(master: Transducer, device: torch.device, dtype: torch.dtype,
-            att_context: tuple[int, int] | None = None, probe: bool = False) -> Transducer:
+def placed_copy(master: Transducer, device: torch.device, dtype: torch.dtype,
+                probe: tuple[int, int] | None = None) -> Transducer:
     """A copy of the master weights (fp32, CPU, as loaded) at the target placement, made while
     the engine keeps serving; fp32 -> bf16 -> fp32 thus gives back the exact fp32 model.
 
-    With `probe`, one silent chunk then runs through the copy (eager decoder, its own
-    throwaway slot state): a target that cannot run (no kernel for the dtype, out of memory)
-    fails here, and the device's context, libraries and kernels are warm before the engine
-    pauses. Raises whatever the allocation or the probe raises."""
+    With `probe` (an attention context: the serving one), one silent chunk then runs through the
+    copy (eager decoder, its own throwaway slot state): a target that cannot run (no kernel for
+    the dtype, out of memory) fails here, and the device's context, libraries and kernels are
+    warm before the engine pauses. Raises whatever the allocation or the probe raises."""
     target = copy.deepcopy(master)
     try:
         move_model(target, device, dtype)
-        if att_context is not None:
-            target.encoder.set_att_context(att_context)
-        if probe:
-            _probe(Recognizer(target, capacity=1))
+        if probe is not None:
+            _probe(Recognizer(target, capacity=1, att_context=probe))
             _synchronize(device)
     except BaseException:
         del target
@@ -76,11 +74,11 @@ def prepare(master: Transducer, device: torch.device, dtype: torch.dtype,
     return target
 
 
-def stage_cache(target: Transducer, capacity: int) -> EncoderCache:
+def stage_cache(target: Transducer, capacity: int, att_context: tuple[int, int]) -> EncoderCache:
     """Slot-state buffers at the target placement, allocated (pages touched) before the pause,
     so the cut-over only copies into them. For a FastConformer-L with 256 slots the encoder
     cache is about 0.7 GB in fp32: allocating it inside the pause dominated a move to the CPU."""
-    return target.encoder.init_cache(capacity, target.device, target.dtype)
+    return target.encoder.init_cache(capacity, att_context, target.device, target.dtype)
 
 
 def cut_over(rec: Recognizer, target: Transducer, staged: EncoderCache | None = None) -> tuple[float, int]:
@@ -109,7 +107,7 @@ def _probe(rec: Recognizer) -> None:
     """One silent chunk through encoder and decoder."""
     s = rec.open()
     try:
-        s.push_audio(np.zeros(rec.geometry.window * 160, dtype=np.float32))
+        s.push_audio(np.zeros(rec.geometry.window * rec.geometry.hop, dtype=np.float32))
         s.end()
         while s.ready:
             rec.step([s])

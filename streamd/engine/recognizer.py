@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from streamd.audio.features import LogMel, logmel_many
+from streamd.audio.features import logmel_many
 from streamd.buckets import bucket_size
 from streamd.decoding.graphs import BucketedGraphDecoder, GraphGreedyLabelLooping
 from streamd.decoding.greedy import GreedyLabelLooping
@@ -24,11 +24,12 @@ from streamd.decoding.state import DecoderState
 from streamd.engine.encoder_step import EAGER, EncoderStep, make_encoder_step
 from streamd.engine.stream import ChunkGeometry, Stream
 from streamd.model.encoder import EncoderCache
+from streamd.model.preprocessor import LogMel
 from streamd.model.transducer import Transducer
 
 
-Decoder = GreedyLabelLooping | GraphGreedyLabelLooping | BucketedGraphDecoder
-DecoderFactory = Callable[[Transducer], Decoder]
+Search = GreedyLabelLooping | GraphGreedyLabelLooping | BucketedGraphDecoder  # not `model.decoder`, the prediction net
+SearchFactory = Callable[[Transducer], Search]
 EncoderFactory = Callable[[Transducer], EncoderStep]
 
 
@@ -52,23 +53,27 @@ class ChunkResult:
 
 
 class Recognizer:
-    """Owns the slot state; the model, decoder and encoder step (factories of the model) are
-    passed in and never moved here."""
+    """Owns the slot state and the attention context; the model, the search (greedy decoding, as
+    `search`: `model.decoder` is the prediction net) and the encoder step (factories of the model)
+    are passed in and never moved here.
 
-    def __init__(self, model: Transducer, capacity: int, right_context: int | None = None,
-                 decoder_factory: DecoderFactory = GreedyLabelLooping.for_model,
+    `att_context`: the [left, right] attention context every step uses, one the model was trained
+    for (None: its default, the first); fixed for the recognizer's life (the slot caches hold
+    `left` frames), passed to the encoder at every call. `features`: where a step's log-mel
+    frames are computed, "model" (the model's device: one STFT for the batch where it is
+    fastest) or "cpu"."""
+
+    def __init__(self, model: Transducer, capacity: int, att_context: tuple[int, int] | None = None,
+                 search_factory: SearchFactory = GreedyLabelLooping.for_model,
                  encoder_factory: EncoderFactory = eager_encoder, features: str = "model") -> None:
-        self.capacity, self.decoder_factory, self.encoder_factory = capacity, decoder_factory, encoder_factory
-        self.model, self.decoder, self.encoder_step = model, decoder_factory(model), encoder_factory(model)
-        if right_context is not None:
-            model.encoder.set_att_context((model.encoder.att_context[0], right_context))
-        self.geometry = ChunkGeometry(model.encoder.att_context[1])
-        # Live features are fp32, whatever the model's dtype. The streams' bookkeeping uses this
-        # CPU copy; the frames of a step are computed on the model's device (`features="model"`:
-        # one STFT for the batch where it is fastest) or always here (`features="cpu"`).
         if features not in ("model", "cpu"):
             raise ValueError(f"features must be 'model' or 'cpu', not {features!r}")
+        self.capacity, self.search_factory, self.encoder_factory = capacity, search_factory, encoder_factory
+        self.model, self.search, self.encoder_step = model, search_factory(model), encoder_factory(model)
+        self.att_context = model.dims.att_context(att_context)
+        self.geometry = ChunkGeometry.of(model.dims, self.att_context[1])
         self.features = features
+        # Live features are fp32, whatever the model's dtype; the streams' bookkeeping uses this CPU copy.
         self._logmel = copy.deepcopy(model.preprocessor).float().cpu()
         self._device_logmel: LogMel | None = None  # a copy on the model's device, made when needed
         self._free = list(range(capacity - 1, -1, -1))
@@ -81,8 +86,7 @@ class Recognizer:
         """Serve from another model object with the same weights and architecture (a migration
         target); slot state follows it at the next `state_tensors()`, copied into `staged`
         (buffers already allocated at the new placement, see `migration.stage_cache`) if given."""
-        model.encoder.set_att_context(self.model.encoder.att_context)
-        self.model, self.decoder, self.encoder_step = model, self.decoder_factory(model), self.encoder_factory(model)
+        self.model, self.search, self.encoder_step = model, self.search_factory(model), self.encoder_factory(model)
         self._staged = staged
 
     @property
@@ -118,7 +122,7 @@ class Recognizer:
 
     def _bucket_octaves(self) -> set[int]:
         """Bucket sizes per octave of the encoder step and of the decoder (if they bucket)."""
-        return {per for per in (getattr(self.encoder_step, "per_octave", None), getattr(self.decoder, "per_octave", None))
+        return {per for per in (getattr(self.encoder_step, "per_octave", None), getattr(self.search, "per_octave", None))
                 if isinstance(per, int)} or {8}
 
     def close(self, stream: Stream) -> None:
@@ -132,11 +136,12 @@ class Recognizer:
         device, dtype = self.model.device, self.model.dtype
         staged, self._staged = self._staged, None  # used now or never: it must not pin memory
         if staged is not None and (staged.channel.device != device or staged.channel.dtype != dtype
-                                   or staged.channel.shape[1] != self.capacity):
+                                   or staged.channel.shape[1:3] != (self.capacity, self.att_context[0])):
             staged = None
         if self._cache is None or self._dec is None:
-            self._cache = staged if staged is not None else self.model.encoder.init_cache(self.capacity, device, dtype)
-            self._dec = self.decoder.initial_state(self.capacity)
+            self._cache = (staged if staged is not None
+                           else self.model.encoder.init_cache(self.capacity, self.att_context, device, dtype))
+            self._dec = self.search.initial_state(self.capacity)
         elif self._cache.channel.device != device or self._cache.channel.dtype != dtype:
             if staged is not None:
                 staged.copy_(self._cache)
@@ -164,8 +169,8 @@ class Recognizer:
                              [s.slot for s in streams]], device=device)
         lengths, start, rows = meta[0], meta[1], meta[2]
         full = all(w.start == 0 and w.length == mel.shape[2] for w in windows)
-        enc, enc_len = self.encoder_step(cache, rows, mel, lengths, start, full)
-        hyps, new_dec = self.decoder(enc, enc_len, dec.index_select(rows))
+        enc, enc_len = self.encoder_step(cache, rows, mel, lengths, start, full, att_context=self.att_context)
+        hyps, new_dec = self.search(enc, enc_len, dec.index_select(rows))
         dec.index_copy_(rows, new_dec)
         return self._results(streams, hyps.to_lists(), enc_len.tolist())
 
@@ -198,17 +203,19 @@ class Recognizer:
         cache.channel.index_fill_(1, rows, 0.0)
         cache.time.index_fill_(1, rows, 0.0)
         cache.channel_len.index_fill_(0, rows, 0)
-        dec.index_copy_(rows, self.decoder.initial_state(int(rows.shape[0])))
+        dec.index_copy_(rows, self.search.initial_state(int(rows.shape[0])))
 
 
-def transcribe_offline(model: Transducer, audio: Tensor, decoder: GreedyLabelLooping | None = None
-                       ) -> tuple[list[int], list[int]]:
-    """Full-utterance reference: features, encoder under the streaming mask, greedy search.
+def transcribe_offline(model: Transducer, audio: Tensor, decoder: GreedyLabelLooping | None = None,
+                       att_context: tuple[int, int] | None = None) -> tuple[list[int], list[int]]:
+    """Full-utterance reference: features, encoder under the streaming mask of `att_context`
+    (None: the model's default), greedy search.
     audio: (N,) float32 at the model's rate. Returns tokens and their encoder-frame times."""
+    context = model.dims.att_context(att_context)
     with torch.no_grad():
         device = model.device
         a = audio.to(device)[None]
         mel, mel_len = model.preprocessor(a, torch.tensor([a.shape[1]], device=device))
-        enc, enc_len = model.encoder(mel, mel_len)
+        enc, enc_len = model.encoder(mel, mel_len, context)
         hyps, _ = (decoder or GreedyLabelLooping.for_model(model))(enc, enc_len)
     return hyps.to_lists()[0]

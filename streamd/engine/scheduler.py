@@ -23,7 +23,7 @@ import numpy as np
 
 from streamd.engine.placement import DTYPE_NAMES
 from streamd.engine.recognizer import ChunkResult, Recognizer
-from streamd.engine.stream import Stream
+from streamd.engine.stream import ChunkGeometry, Stream
 
 log = logging.getLogger("streamd.engine")
 
@@ -45,7 +45,7 @@ class EngineStatus:
 
     device: str
     dtype: str
-    chunk_ms: int
+    geometry: ChunkGeometry  # the model's time base and chunk size
 
 
 class EngineClient(Protocol):
@@ -110,7 +110,7 @@ class Engine:
     @property
     def status(self) -> EngineStatus:
         model = self.recognizer.model
-        return EngineStatus(str(model.device), DTYPE_NAMES[model.dtype], self.recognizer.geometry.chunk_ms)
+        return EngineStatus(str(model.device), DTYPE_NAMES[model.dtype], self.recognizer.geometry)
 
     async def open(self) -> EngineSession:
         """A new stream with its own slot; raises CapacityError when all slots are taken."""

@@ -1,10 +1,11 @@
 """One live stream's host-side state: incremental features and the mel frames not yet encoded.
 
-Chunk geometry (mel frames, 10 ms each; encoder frames are 8 mel frames, 80 ms): at right
-context R every step encodes a window of W = 9 + 8(R+1) mel frames and keeps R+1 encoder frames.
-A stream's first step takes 1 + 8R new frames, later steps 8(R+1). The window's leading rows that
-precede the stream are masked as the offline pass's causal zero padding, so streaming output is
-the offline output, chunk for chunk. The last step takes whatever is left.
+Chunk geometry (mel frames of one hop, 10 ms at 16 kHz; encoder frames are S = 8 mel frames, 80
+ms), derived from the model's dims: at right context R every step encodes a window of
+W = 9 + S(R+1) mel frames and keeps R+1 encoder frames. A stream's first step takes 1 + SR new
+frames, later steps S(R+1). The window's leading rows that precede the stream are masked as the
+offline pass's causal zero padding, so streaming output is the offline output, chunk for chunk.
+The last step takes whatever is left.
 """
 from __future__ import annotations
 
@@ -12,30 +13,50 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from streamd.audio.features import IncrementalLogMel, LogMel
+from streamd.audio.features import IncrementalLogMel
+from streamd.model.dims import ModelDims
 from streamd.model.encoder import PRE_ENCODE_CACHE
-
-SUBSAMPLING = 8
+from streamd.model.preprocessor import LogMel
 
 
 @dataclass(frozen=True)
 class ChunkGeometry:
-    """Step sizes for right context `right` (R)."""
+    """Step sizes and the time base of a model at right context `right` (R): `subsampling` (S)
+    mel frames per encoder frame, `hop` samples per mel frame at `sample_rate` Hz. Everything
+    that converts samples or frames to time reads it here (`of`: from the model's dims)."""
 
     right: int
+    subsampling: int
+    hop: int
+    sample_rate: int
+
+    @classmethod
+    def of(cls, dims: ModelDims, right: int) -> ChunkGeometry:
+        return cls(right, dims.subsampling_factor, dims.features.hop_length, dims.features.sample_rate)
 
     @property
     def window(self) -> int:
         """W: mel frames fed per step."""
-        return PRE_ENCODE_CACHE + SUBSAMPLING * (self.right + 1)
+        return PRE_ENCODE_CACHE + self.subsampling * (self.right + 1)
 
     def new_frames(self, first: bool) -> int:
         """New mel frames a full step consumes."""
-        return 1 + SUBSAMPLING * self.right if first else SUBSAMPLING * (self.right + 1)
+        return 1 + self.subsampling * self.right if first else self.subsampling * (self.right + 1)
+
+    @property
+    def frame_ms(self) -> float:
+        """Milliseconds per encoder frame (80.0; exact whenever it is a whole number)."""
+        return self.hop * self.subsampling * 1000 / self.sample_rate
+
+    @property
+    def frame_seconds(self) -> float:
+        """Seconds per encoder frame (0.08): the unit of every time a result carries."""
+        return self.hop * self.subsampling / self.sample_rate
 
     @property
     def chunk_ms(self) -> int:
-        return 10 * SUBSAMPLING * (self.right + 1)
+        """Audio per full step: R+1 encoder frames (in whole ms, as the protocol's ``ready`` says)."""
+        return self.hop * self.subsampling * (self.right + 1) * 1000 // self.sample_rate
 
 
 @dataclass

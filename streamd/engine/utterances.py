@@ -6,6 +6,7 @@ for the same audio. Endpointing only decides where one utterance ends and the ne
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from streamd.config import EndpointingConfig
@@ -30,14 +31,19 @@ class Utterance:
 
 @dataclass
 class UtteranceTracker:
+    """Cuts one segment's chunk results into utterances by `rules`, at `frame_ms` per encoder frame;
+    `on_endpoint` hears the rule of every endpoint (the metric)."""
+
     rules: EndpointingConfig
+    frame_ms: float
     index: int = 0
+    on_endpoint: Callable[[EndpointRule], None] | None = None
     tokens: list[int] = field(default_factory=list)
     times: list[int] = field(default_factory=list)
     endpointer: Endpointer = field(init=False)
 
     def __post_init__(self) -> None:
-        self.endpointer = Endpointer(self.rules)
+        self.endpointer = Endpointer(self.rules, self.frame_ms)
 
     @property
     def start(self) -> int:
@@ -57,6 +63,8 @@ class UtteranceTracker:
             if end is None:
                 break
             rule = self.endpointer.fired
+            if rule is not None and self.on_endpoint is not None:
+                self.on_endpoint(rule)
             closed = self._cut(start, end + 1, REASONS.get(rule, "endpoint") if rule else "endpoint")
             if closed is not None:
                 out.append(closed)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import yaml
 
-from streamd.decoding.tokenizer import Tokenizer
+from streamd.model.tokenizer import Tokenizer
 from streamd.model.dims import FeatureDims, ModelDims
 from streamd.model.transducer import Transducer
 
@@ -134,7 +134,8 @@ def dims_from_nemo_config(cfg: dict[str, Any]) -> ModelDims:
     ctxs = [ctx] if ctx and isinstance(ctx[0], int) else list(ctx or [[-1, -1]])
     for left, right in ctxs:
         _require(right >= 0 and left >= 0 and left % (right + 1) == 0, f"att_context_size {[left, right]}")
-    sr = int(pre.get("sample_rate", 16000))
+    nemo = FeatureDims()  # NeMo's defaults, for keys a config leaves out
+    sr = int(pre.get("sample_rate", nemo.sample_rate))
     ch = int(enc.get("subsampling_conv_channels", -1))
     aux = (cfg.get("aux_ctc") or {}).get("decoder")
     jn = joint["jointnet"]
@@ -148,11 +149,11 @@ def dims_from_nemo_config(cfg: dict[str, Any]) -> ModelDims:
         pred_hidden=int(pn["pred_hidden"]), pred_rnn_layers=int(pn.get("pred_rnn_layers", 1)),
         joint_hidden=int(jn["joint_hidden"]), joint_activation=str(jn.get("activation", "relu")),
         joint_dropout=float(jn.get("dropout", 0.0) or 0.0) > 0, ctc_head=aux is not None,
-        features=FeatureDims(sample_rate=sr, n_mels=int(pre.get("features", 80)),
-                             n_fft=int(pre.get("n_fft", 512)),
-                             win_length=int(round(float(pre.get("window_size", 0.025)) * sr)),
-                             hop_length=int(round(float(pre.get("window_stride", 0.01)) * sr)),
-                             preemph=float(pre.get("preemph", 0.97))),
+        features=FeatureDims(sample_rate=sr, n_mels=int(pre.get("features", nemo.n_mels)),
+                             n_fft=int(pre.get("n_fft", nemo.n_fft)),
+                             win_length=int(round(float(pre.get("window_size", nemo.win_length / nemo.sample_rate)) * sr)),
+                             hop_length=int(round(float(pre.get("window_stride", nemo.hop_length / nemo.sample_rate)) * sr)),
+                             preemph=float(pre.get("preemph", nemo.preemph))),
     )
 
 

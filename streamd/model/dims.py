@@ -50,6 +50,21 @@ class ModelDims:
     def blank_id(self) -> int:
         return self.vocab_size
 
+    def att_context(self, context: tuple[int, int] | None = None) -> tuple[int, int]:
+        """`context` as a pair of ints, checked to be one of the [left, right] contexts the model
+        was trained for (ValueError if not); None: the default, the first."""
+        if context is None:
+            return self.att_context_sizes[0]
+        if tuple(context) not in self.att_context_sizes:
+            raise ValueError(f"att_context_size {list(context)} not in {[list(c) for c in self.att_context_sizes]}")
+        return int(context[0]), int(context[1])
+
+    def att_context_with_right(self, right: int | None) -> tuple[int, int]:
+        """The trained context with right context `right` and the default's left context (None:
+        the default). ValueError if the model has no such context."""
+        left, default_right = self.att_context_sizes[0]
+        return self.att_context((left, default_right if right is None else right))
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["att_context_sizes"] = [list(c) for c in self.att_context_sizes]

@@ -42,7 +42,11 @@ class EncoderCache:
 
 
 class ConformerEncoder(nn.Module):
-    """(B, n_mels, T) log-mel -> (B, T', d_model) at 80 ms per frame."""
+    """(B, n_mels, T) log-mel -> (B, T', d_model), one frame per 8 mel frames (80 ms at 16 kHz).
+
+    The attention context, a [left, right] pair (in encoder frames) of `dims.att_context_sizes`,
+    is an argument of every call: the caller (`streamd.engine.recognizer.Recognizer` when
+    serving) owns the choice; the encoder holds no setting."""
 
     def __init__(self, dims: ModelDims) -> None:
         super().__init__()
@@ -50,39 +54,29 @@ class ConformerEncoder(nn.Module):
         self.pre_encode = CausalSubsampling(dims)
         self.pos_enc = RelPositionalEncoding(dims.d_model, dims.pos_emb_max_len, dims.xscaling)
         self.layers = nn.ModuleList(ConformerLayer(dims) for _ in range(dims.n_layers))
-        self.att_context: tuple[int, int] = dims.att_context_sizes[0]
 
-    def set_att_context(self, context: tuple[int, int]) -> None:
-        """Pick one of the [left, right] contexts the model was trained for."""
-        if tuple(context) not in self.dims.att_context_sizes:
-            raise ValueError(f"att_context_size {list(context)} not in {[list(c) for c in self.dims.att_context_sizes]}")
-        self.att_context = (int(context[0]), int(context[1]))
-
-    @property
-    def cache_frames(self) -> int:
-        """C: attention cache length in encoder frames (the left context)."""
-        return self.att_context[0]
-
-    def init_cache(self, batch: int, device: torch.device | str, dtype: torch.dtype) -> EncoderCache:
+    def init_cache(self, batch: int, att_context: tuple[int, int], device: torch.device | str,
+                   dtype: torch.dtype) -> EncoderCache:
+        """Empty state for `batch` streams: C = the left context (att_context[0]) cached frames."""
         d = self.dims
         return EncoderCache(
-            torch.zeros(d.n_layers, batch, self.cache_frames, d.d_model, device=device, dtype=dtype),
+            torch.zeros(d.n_layers, batch, att_context[0], d.d_model, device=device, dtype=dtype),
             torch.zeros(d.n_layers, batch, d.d_model, d.conv_kernel - 1, device=device, dtype=dtype),
             torch.zeros(batch, dtype=torch.long, device=device),
         )
 
-    def forward(self, mel: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
-        """Offline pass under the streaming (chunked_limited) mask.
+    def forward(self, mel: Tensor, lengths: Tensor, att_context: tuple[int, int]) -> tuple[Tensor, Tensor]:
+        """Offline pass under the streaming (chunked_limited) mask of `att_context`.
 
         Args: mel (B, n_mels, T); lengths (B,). Returns (B, T', d) and (B,) lengths."""
         x, lengths = self.pre_encode(mel.to(self._dtype), lengths)
         x, pos = self.pos_enc(x, x.shape[1])
-        pad_mask, att_mask = self._masks(x.shape[1], lengths, None)
+        pad_mask, att_mask = self._masks(x.shape[1], lengths, None, att_context)
         for layer in self.layers:
             x, _, _ = layer(x, pos, att_mask, pad_mask, None, None)
         return x, lengths
 
-    def streaming_forward(self, mel: Tensor, lengths: Tensor, cache: EncoderCache,
+    def streaming_forward(self, mel: Tensor, lengths: Tensor, cache: EncoderCache, att_context: tuple[int, int],
                           drop_extra: int = DROP_EXTRA_PRE_ENCODED, start: Tensor | None = None,
                           full: bool = False, out: EncoderCache | None = None
                           ) -> tuple[Tensor, Tensor, EncoderCache]:
@@ -91,7 +85,8 @@ class ConformerEncoder(nn.Module):
         Args:
             mel: (B, n_mels, T_in): the previous step's last 9 mel frames then the new ones.
             lengths: (B,) valid mel frames of each row (from the start of the window).
-            cache: the state returned by the previous step (or `init_cache`).
+            cache: the state returned by the previous step (or `init_cache`, same `att_context`).
+            att_context: the [left, right] attention context, one the model was trained for.
             drop_extra: subsampled frames to drop at the front (2; NeMo's first chunk uses 0).
             start: (B,) mel frames at the front that do not exist yet (16 on a stream's first
                 step, 8 on the second at right context 0, else 0); they act as the causal zero
@@ -106,9 +101,9 @@ class ConformerEncoder(nn.Module):
         if drop_extra:
             x = x[:, drop_extra:]
             lengths = (lengths - drop_extra).clamp(min=0)
-        c, t = self.cache_frames, x.shape[1]
+        c, t = att_context[0], x.shape[1]
         x, pos = self.pos_enc(x, c + t)
-        pad_mask, att_mask = self._masks(c + t, lengths + c, c - cache.channel_len)
+        pad_mask, att_mask = self._masks(c + t, lengths + c, c - cache.channel_len, att_context)
         pad_mask, att_mask = pad_mask[:, c:], att_mask[:, c:]
         channels, times = [], []
         for i, layer in enumerate(self.layers):
@@ -127,10 +122,11 @@ class ConformerEncoder(nn.Module):
     def _dtype(self) -> torch.dtype:
         return self.pre_encode.out.weight.dtype
 
-    def _masks(self, n: int, valid_end: Tensor, valid_start: Tensor | None) -> tuple[Tensor, Tensor]:
+    def _masks(self, n: int, valid_end: Tensor, valid_start: Tensor | None, att_context: tuple[int, int]
+               ) -> tuple[Tensor, Tensor]:
         """pad_mask (B, n) and att_mask (B, n, n), True = masked, over a key axis of n frames
-        where frames [valid_start, valid_end) of each row exist."""
-        left, right = self.att_context
+        where frames [valid_start, valid_end) of each row exist, under `att_context`'s chunks."""
+        left, right = att_context
         chunk = right + 1
         left_chunks = left // chunk if left >= 0 else 10000
         idx = torch.arange(n, device=valid_end.device)

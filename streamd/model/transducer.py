@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from streamd.audio.features import LogMel
+from streamd.model.preprocessor import LogMel
 from streamd.model.dims import ModelDims
 from streamd.model.encoder import ConformerEncoder
 from streamd.model.rnnt import CTCHead, Joint, Predictor

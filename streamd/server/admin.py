@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from streamd.config import AdminConfig
-from streamd.engine.migration import MigrationFailed, MigrationReport, cut_over, placement, prepare, stage_cache
+from streamd.engine.migration import MigrationFailed, MigrationReport, cut_over, placed_copy, placement, stage_cache
 from streamd.engine.placement import DTYPE_NAMES, parse_device, parse_dtype
 from streamd.errors import ConfigError, echo
 from streamd.server.handler import ServerState
@@ -54,7 +54,7 @@ class Control:
         rec = self.state.engine.recognizer
         return {"model": self.state.model_name, "device": self.state.device, "dtype": self.state.dtype,
                 "streams": self.state.streams(), "capacity": rec.capacity,
-                "chunk_ms": rec.geometry.chunk_ms, "decoder": getattr(rec.decoder, "mode", "eager"),
+                "chunk_ms": rec.geometry.chunk_ms, "decoder": getattr(rec.search, "mode", "eager"),
                 "encoder": rec.encoder_step.mode,
                 "draining": self.state.draining, "shutting_down": self.state.shutdown.is_set(),
                 "last_migration": self.last_migration.as_dict() if self.last_migration else None}
@@ -79,9 +79,8 @@ class Control:
                     log.info("admin: migrate to %s: already there, nothing to do", source)
                     return report
                 t0 = time.perf_counter()
-                target = await asyncio.to_thread(prepare, self.state.master, dev, dt,
-                                                 rec.model.encoder.att_context, True)
-                staged = await asyncio.to_thread(stage_cache, target, rec.capacity)
+                target = await asyncio.to_thread(placed_copy, self.state.master, dev, dt, rec.att_context)
+                staged = await asyncio.to_thread(stage_cache, target, rec.capacity, rec.att_context)
                 report.prepare_ms = (time.perf_counter() - t0) * 1000
                 self.state.cutting_over = True
                 self.state.changed()

@@ -17,17 +17,17 @@ from streamd import systemd
 from streamd.config import Config
 from streamd.decoding.graphs import EAGER, make_decoder
 from streamd.engine.encoder_step import GRAPHS, make_encoder_step
-from streamd.engine.migration import prepare
+from streamd.engine.migration import placed_copy
 from streamd.engine.placement import DTYPE_NAMES, parse_device, parse_dtype
 from streamd.engine.recognizer import Recognizer
 from streamd.engine.scheduler import Engine
 from streamd.model.checkpoint import load_model, resolve_model_path
+from streamd.protocol import STREAM_PATH
 from streamd.server.admin import AdminServer, Control
 from streamd.server.front import Front
 from streamd.server.frontends import FrontEnds
 from streamd.server.handler import ServerState
 from streamd.server.metrics import Metrics
-from streamd.server.protocol import STREAM_PATH
 
 log = logging.getLogger("streamd.server")
 # CUDA-graph decoders per octave of batch sizes: a step of few streams does not pay for capacity.
@@ -40,16 +40,15 @@ def build_state(cfg: Config, metrics: Metrics) -> ServerState:
     loaded = load_model(resolve_model_path(e.model))
     device = parse_device(e.resolved_device(torch.cuda.is_available()))
     dtype = parse_dtype(e.dtype)
-    if e.right_context is not None:
-        loaded.model.encoder.set_att_context((loaded.model.encoder.att_context[0], e.right_context))
+    att_context = loaded.model.dims.att_context_with_right(e.right_context)
     capacity = cfg.server.max_streams
     mode = "auto" if e.cuda_graphs == "on" else EAGER
 
     def graph_fallback(reason: str) -> None:
         metrics.graph_fallbacks.inc()
 
-    rec = Recognizer(prepare(loaded.model, device, dtype), capacity,
-                     decoder_factory=lambda m: make_decoder(m, mode, per_octave=DECODER_BUCKETS_PER_OCTAVE),
+    rec = Recognizer(placed_copy(loaded.model, device, dtype), capacity, att_context,
+                     search_factory=lambda m: make_decoder(m, mode, per_octave=DECODER_BUCKETS_PER_OCTAVE),
                      encoder_factory=lambda m: make_encoder_step(m, mode, capacity, graph_fallback))
     chunk_s = rec.geometry.chunk_ms / 1000
 
@@ -65,7 +64,7 @@ async def warm_up(engine: Engine) -> None:
     """One chunk of silence through the whole pipeline, so the first client does not pay for it;
     with CUDA graphs, every batch bucket up to the engine's capacity is captured now."""
     session = await engine.open()
-    engine.push(session, np.zeros(16000 * 2, dtype=np.float32))
+    engine.push(session, np.zeros(2 * engine.recognizer.geometry.sample_rate, dtype=np.float32))
     engine.end(session)
     while await session.results.get() is not None:
         pass

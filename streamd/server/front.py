@@ -16,12 +16,12 @@ from typing import Any
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.http11 import Request, Response
 
+from streamd.protocol import REALTIME_PATH, STREAM_PATH
 from streamd.server.access import Access
 from streamd.server.handler import Connection, StreamContext
 from streamd.server.http import GuardedConnection, quiet_client_handshake_faults, response, without_body
 from streamd.server.metrics import CONTENT_TYPE
-from streamd.server.protocol import STREAM_PATH
-from streamd.server.realtime import REALTIME_PATH, RealtimeConnection
+from streamd.server.realtime import RealtimeConnection
 from streamd.server.secrets import read_token, warn_if_exposed
 
 log = logging.getLogger("streamd.server")

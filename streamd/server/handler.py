@@ -21,19 +21,18 @@ from websockets.exceptions import ConnectionClosed
 
 from streamd.audio.pcm import PcmDecoder
 from streamd.config import Config
-from streamd.decoding.tokenizer import Tokenizer
-from streamd.engine.endpoint import FRAME_MS
+from streamd.model.tokenizer import Tokenizer
 from streamd.engine.recognizer import CapacityError, ChunkResult
 from streamd.engine.scheduler import Engine, EngineClient, EngineSession, StreamFailed
+from streamd.engine.stream import ChunkGeometry
 from streamd.engine.utterances import Utterance, UtteranceTracker
 from streamd.model.transducer import Transducer
 from streamd.errors import (BacklogExceeded, IdleTimeout, InternalError, Overloaded, SessionExpired, SlowConsumer,
                             StreamdError)
-from streamd.server import protocol as p
+from streamd import protocol as p
 from streamd.server.metrics import Metrics
 
 log = logging.getLogger("streamd.server")
-FRAME_S = FRAME_MS / 1000
 
 
 class Census:
@@ -76,8 +75,12 @@ class StreamContext:
         return self.engine.status.dtype
 
     @property
+    def geometry(self) -> ChunkGeometry:
+        return self.engine.status.geometry
+
+    @property
     def chunk_ms(self) -> int:
-        return self.engine.status.chunk_ms
+        return self.engine.status.geometry.chunk_ms
 
     def streams(self) -> int:
         """Open streams of the whole daemon."""
@@ -120,7 +123,10 @@ class Connection:
         self.utterance = 0
         self.partials = 0
         self.last_partial: tuple[int, str] = (-1, "")
-        self.samples_in = 0  # 16 kHz samples handed to the engine
+        # The model's time base: its sample rate, seconds and milliseconds per encoder frame.
+        g = state.geometry
+        self.rate, self.frame_s, self.frame_ms = g.sample_rate, g.frame_seconds, g.frame_ms
+        self.samples_in = 0  # samples at the model's rate handed to the engine
         self.decoded_s = 0.0  # stream time up to which results have come back
         # At least 3 chunks: the first result needs a chunk plus the lookahead, so a smaller limit
         # would hold a paced client back before anything could be decoded.
@@ -147,7 +153,7 @@ class Connection:
             await self._fail(InternalError(f"internal error: {type(e).__name__}"))
         finally:
             watcher.cancel()
-            log.info("disconnect %s (%s) after %.1f s of audio", self.id, reason, self.samples_in / 16000)
+            log.info("disconnect %s (%s) after %.1f s of audio", self.id, reason, self.samples_in / self.rate)
 
     async def _watch_shutdown(self) -> None:
         """On shutdown, end the receive that is waiting now (it returns None)."""
@@ -159,7 +165,7 @@ class Connection:
         cfg = self.state.config.server
         first = await self._recv(cfg.idle_timeout_s, allow_shutdown=True)
         if first is None:  # shutting down before "start": nothing to drain
-            await self.ws.close(1001)
+            await self.ws.close(p.CloseCode.GOING_AWAY)
             return "shutdown"
         if isinstance(first, bytes):
             self.proto.receive_audio()  # raises: audio before start
@@ -167,7 +173,7 @@ class Connection:
         msg = self.proto.receive_text(first)
         assert isinstance(msg, p.Start)
         self.start = msg
-        pcm = PcmDecoder(msg.sample_rate, msg.encoding, msg.channels)
+        pcm = PcmDecoder(msg.sample_rate, msg.encoding, msg.channels, model_rate=self.rate)
         rules = msg.endpointing.resolve(self.state.config.endpointing)
         segment = await self._open_segment(0.0)
         sender: asyncio.Task[None] | None = None
@@ -191,9 +197,9 @@ class Connection:
                 sender.cancel()
             for seg in self.opened:
                 self.state.engine.close(seg.session)
-        await self._send(p.Summary(self.utterance, self.partials, self.samples_in / 16000,
+        await self._send(p.Summary(self.utterance, self.partials, self.samples_in / self.rate,
                                    time.monotonic() - self.started, "shutdown" if reason == "shutdown" else "stop"))
-        await self._close(1001 if reason == "shutdown" else 1000)
+        await self._close(p.CloseCode.GOING_AWAY if reason == "shutdown" else p.CloseCode.NORMAL_CLOSURE)
         return reason
 
     def _sender_done(self, task: asyncio.Task[None]) -> None:
@@ -226,7 +232,7 @@ class Connection:
             if isinstance(msg, p.Finalize):
                 segment.end_reason = "finalize"
                 self.state.engine.end(segment.session)
-                segment = await self._open_segment(self.samples_in / 16000, after=segment)
+                segment = await self._open_segment(self.samples_in / self.rate, after=segment)
 
     async def _open_segment(self, offset_s: float, after: Segment | None = None) -> Segment:
         """A new engine segment starting at stream time `offset_s`. After `finalize` (`after`: the
@@ -250,7 +256,7 @@ class Connection:
     @property
     def backlog_s(self) -> float:
         """Seconds of this stream's audio received but not yet decoded."""
-        return self.samples_in / 16000 - self.decoded_s
+        return self.samples_in / self.rate - self.decoded_s
 
     async def _hold_backlog(self, sender: asyncio.Task[None]) -> bool:
         """The stream is more than `max_backlog_s` ahead of decoding. Policy `close`: raise
@@ -277,7 +283,7 @@ class Connection:
 
     def _push(self, segment: Segment, samples: np.ndarray) -> None:
         self.samples_in += samples.size
-        self.state.metrics.audio_seconds.inc(samples.size / 16000)
+        self.state.metrics.audio_seconds.inc(samples.size / self.rate)
         self.state.engine.push(segment.session, samples)
 
     async def _flush_after_stop(self, sender: asyncio.Task[None]) -> None:
@@ -325,13 +331,14 @@ class Connection:
     async def _sender(self, rules: object) -> None:
         index = 0
         while (seg := await self.segments.get()) is not None:
-            tracker = UtteranceTracker(rules, index=index)  # type: ignore[arg-type]
+            tracker = UtteranceTracker(rules, self.frame_ms, index,  # type: ignore[arg-type]
+                                       self.state.metrics.count_endpoint)
             frame_end = 0
             while (item := await seg.session.results.get()) is not None:
                 if isinstance(item, StreamFailed):
                     raise InternalError(str(item))
                 frame_end = item.frame_end
-                self.decoded_s = seg.offset_s + frame_end * FRAME_S
+                self.decoded_s = seg.offset_s + frame_end * self.frame_s
                 self._progress.set()
                 for u in tracker.on_chunk(item):
                     await self._emit(u, seg, item)
@@ -342,14 +349,15 @@ class Connection:
     async def _emit(self, u: Utterance, seg: Segment, item: ChunkResult | None, frame_end: int | None = None) -> None:
         assert self.start is not None
         end_frame = item.frame_end if item is not None else (frame_end or u.end)
-        processed = min(seg.offset_s + end_frame * FRAME_S, self.samples_in / 16000)
+        processed = min(seg.offset_s + end_frame * self.frame_s, self.samples_in / self.rate)
         text = self.state.tokenizer.decode(u.tokens)
-        start, end = seg.offset_s + u.start * FRAME_S, seg.offset_s + u.end * FRAME_S
-        lag = max(0.0, self.samples_in / 16000 - processed)
+        start, end = seg.offset_s + u.start * self.frame_s, seg.offset_s + u.end * self.frame_s
+        lag = max(0.0, self.samples_in / self.rate - processed)
         if u.final:
             words = tokens = None
             if self.start.word_times:
-                words = tuple(p.Word(w, round(seg.offset_s + a * FRAME_S, 3), round(seg.offset_s + (b + 1) * FRAME_S, 3))
+                words = tuple(p.Word(w, round(seg.offset_s + a * self.frame_s, 3),
+                                     round(seg.offset_s + (b + 1) * self.frame_s, 3))
                               for w, a, b in self.state.tokenizer.words(u.tokens, u.times))
                 tokens = tuple(self.state.tokenizer.id_to_piece(t) for t in u.tokens)
             await self._deliver(p.Final(u.index, text, start, end, processed, u.reason, words, tokens), seg)  # type: ignore[arg-type]

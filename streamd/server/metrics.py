@@ -23,6 +23,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
+from streamd.engine.endpoint import EndpointRule
+
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 REJECTION_REASONS = ("overloaded", "draining", "unauthorized", "origin", "bad_request")
@@ -33,7 +35,6 @@ BACKLOG_ACTIONS = ("paced", "closed")
 _LATENCY_BUCKETS = (0.08, 0.16, 0.24, 0.32, 0.48, 0.64, 0.96, 1.28, 1.92, 2.56, 3.84, 5.12, 10.24)
 _STEP_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-_WAIT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
 _PAUSE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -63,9 +64,6 @@ class Metrics:
                                       namespace=ns, registry=r, buckets=_STEP_BUCKETS)
         self.batch_size = Histogram("batch_size", "Streams per decode step.", namespace=ns,
                                     registry=r, buckets=_BATCH_BUCKETS)
-        self.batch_wait_seconds = Histogram(
-            "batch_wait_seconds", "Time the first ready stream waited for its step to start.",
-            namespace=ns, registry=r, buckets=_WAIT_BUCKETS)
         self.partial_latency = Histogram(
             "partial_latency_seconds", "Audio received but not reflected in a partial when sent.",
             namespace=ns, registry=r, buckets=_LATENCY_BUCKETS)
@@ -106,6 +104,10 @@ class Metrics:
     def set_model(self, model: str, device: str, dtype: str) -> None:
         """Publish ``streamd_model_info{model,device,dtype} 1`` (replacing the previous one)."""
         self.model_info.info({"model": model, "device": device, "dtype": dtype})
+
+    def count_endpoint(self, rule: EndpointRule) -> None:
+        """An utterance ended by endpoint rule ``rule`` (also the ones without speech, never sent)."""
+        self.endpoints.labels(rule=rule.value).inc()
 
     def observe_step(self, seconds: float, batch_size: int, chunk_seconds: float) -> None:
         """Record one decode step that advanced ``batch_size`` streams by ``chunk_seconds`` each."""

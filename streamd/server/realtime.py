@@ -26,15 +26,14 @@ import numpy.typing as npt
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
-from streamd.audio.pcm import MAX_SAMPLE_RATE, MIN_SAMPLE_RATE, PcmDecoder
+from streamd.audio.pcm import PcmDecoder
 from streamd.config import MAX_ENDPOINT_MS
 from streamd.errors import MAX_ECHO_CHARS, SessionExpired, SlowConsumer, StreamdError, echo
-from streamd.server import protocol as p
+from streamd import protocol as p
 from streamd.server.handler import Connection, Segment, StreamContext
 
 log = logging.getLogger("streamd.server")
 
-REALTIME_PATH = "/v1/realtime"
 SPEC_RATE = 24_000  # the spec's only PCM rate; streamd takes any rate the native protocol takes
 G711_RATE = 8_000
 AudioFormat = Literal["pcm16", "g711_ulaw", "g711_alaw"]
@@ -174,7 +173,8 @@ def update_ga(config: SessionConfig, session: Mapping[str, Any]) -> SessionConfi
             raise RealtimeError("invalid_value", f"{where}.format.type must be one of {', '.join(_GA_FORMATS)}, "
                                 f"got {echo(fmt.get('type'))}", f"{where}.format.type")
         if name == "pcm16":
-            rate = _int(fmt.get("rate", SPEC_RATE), f"{where}.format.rate", MIN_SAMPLE_RATE, MAX_SAMPLE_RATE)
+            rate = _int(fmt.get("rate", SPEC_RATE), f"{where}.format.rate", p.MIN_SAMPLE_RATE,
+                        p.MAX_SAMPLE_RATE)
         else:
             rate = _int(fmt.get("rate", G711_RATE), f"{where}.format.rate", G711_RATE, G711_RATE)
         config = replace(config, format=name, rate=rate)
@@ -267,7 +267,7 @@ class RealtimeConnection(Connection):
         if self.intent != "transcription":
             await self._error(RealtimeError("unsupported", f"intent={echo(self.intent)} is not supported: streamd "
                                             "only transcribes (intent=transcription)", "intent"))
-            await self._close(1008, "only intent=transcription is supported")
+            await self._close(p.CloseCode.POLICY_VIOLATION, "only intent=transcription is supported")
             return "unsupported intent"
         try:
             while (data := await self._recv(cfg.idle_timeout_s, allow_shutdown=True)) is not None:
@@ -282,7 +282,7 @@ class RealtimeConnection(Connection):
                 self.sender.cancel()
             for seg in self.opened:
                 self.state.engine.close(seg.session)
-        await self._close(1001)
+        await self._close(p.CloseCode.GOING_AWAY)
         return "shutdown"
 
     async def _handle(self, data: str | bytes) -> None:
@@ -334,7 +334,7 @@ class RealtimeConnection(Connection):
             return
         if self.pcm is None:
             self.start = self.config.start()
-            self.pcm = PcmDecoder(self.start.sample_rate, self.start.encoding)
+            self.pcm = PcmDecoder(self.start.sample_rate, self.start.encoding, model_rate=self.rate)
             self.segment = await self._open_segment(0.0)
             self.sender = asyncio.create_task(
                 self._sender(self.start.endpointing.resolve(self.state.config.endpointing)))
@@ -352,7 +352,7 @@ class RealtimeConnection(Connection):
         assert self.segment is not None
         self.segment.end_reason = reason
         self.state.engine.end(self.segment.session)
-        self.segment = await self._open_segment(self.samples_in / 16000, after=self.segment)
+        self.segment = await self._open_segment(self.samples_in / self.rate, after=self.segment)
         self.appended = False
 
     async def _drain(self) -> None:
@@ -434,7 +434,7 @@ class RealtimeConnection(Connection):
         try:
             if not isinstance(exc, SlowConsumer):  # a slow consumer is not reading: only the close frame
                 await self._error(RealtimeError(exc.code, exc.message), None,
-                                  "server_error" if code == 1011 else "invalid_request_error")
+                                  "server_error" if code == p.CloseCode.INTERNAL_ERROR else "invalid_request_error")
             await self._close(code, reason)
         except (ConnectionClosed, SlowConsumer):
             self.ws.transport.abort()

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from streamd import log as logsetup
-from streamd.decoding.tokenizer import Tokenizer
+from streamd.model.tokenizer import Tokenizer
 from streamd.engine.recognizer import CapacityError, ChunkResult
 from streamd.engine.scheduler import EngineSession, EngineStatus, StreamFailed
 from streamd.server.front import Front

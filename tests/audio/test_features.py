@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from helpers import reference
-from streamd.audio.features import IncrementalLogMel, LogMel, logmel_many, slaney_mel_filterbank
+from streamd.audio.features import IncrementalLogMel, logmel_many
+from streamd.model.preprocessor import LogMel, slaney_mel_filterbank
 from streamd.model.dims import FeatureDims
 
 

@@ -5,8 +5,11 @@ import numpy as np
 import pytest
 import soxr  # type: ignore[import-untyped]
 
-from streamd.audio.pcm import MODEL_RATE, PcmDecoder, check_format
+from streamd.audio.pcm import PcmDecoder
+from streamd.protocol import check_format
 from streamd.errors import UnsupportedAudio
+
+MODEL_RATE = 16_000  # the fixture models' rate
 
 
 def feed_in_pieces(dec: PcmDecoder, data: bytes, rng: np.random.Generator, max_piece: int = 997
@@ -27,20 +30,20 @@ def noise(rng: np.random.Generator, frames: int, channels: int = 1) -> np.ndarra
 
 def test_s16le_scaling() -> None:
     pcm = np.array([-32768, -16384, 0, 16384, 32767], dtype="<i2").tobytes()
-    out = PcmDecoder(16000, "s16le").feed(pcm)
+    out = PcmDecoder(16000, "s16le", model_rate=MODEL_RATE).feed(pcm)
     assert out.dtype == np.float32
     np.testing.assert_array_equal(out, [-1.0, -0.5, 0.0, 0.5, 32767 / 32768])
 
 
 def test_f32le_is_passed_through_and_clipped() -> None:
     values = np.array([0.25, -0.75, 1.5, -2.0, 1.0], dtype="<f4")
-    out = PcmDecoder(16000, "f32le").feed(values.tobytes())
+    out = PcmDecoder(16000, "f32le", model_rate=MODEL_RATE).feed(values.tobytes())
     np.testing.assert_array_equal(out, [0.25, -0.75, 1.0, -1.0, 1.0])
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_f32le_rejects_nan_and_inf(bad: float) -> None:
-    dec = PcmDecoder(16000, "f32le", channels=2)
+    dec = PcmDecoder(16000, "f32le", channels=2, model_rate=MODEL_RATE)
     dec.feed(np.zeros(6, dtype="<f4").tobytes())  # 3 frames
     values = np.array([0.0, 0.0, 0.0, bad], dtype="<f4")
     with pytest.raises(UnsupportedAudio, match="NaN or infinite sample at frame 4"):
@@ -49,7 +52,7 @@ def test_f32le_rejects_nan_and_inf(bad: float) -> None:
 
 def test_odd_bytes_are_carried_to_the_next_frame() -> None:
     pcm = np.array([1000, -2000, 3000], dtype="<i2").tobytes()
-    dec = PcmDecoder(16000, "s16le")
+    dec = PcmDecoder(16000, "s16le", model_rate=MODEL_RATE)
     assert dec.feed(pcm[:1]).size == 0
     assert dec.pending_bytes == 1
     np.testing.assert_array_equal(dec.feed(pcm[1:4]), np.array([1000, -2000], np.float32) / 32768)
@@ -61,7 +64,7 @@ def test_odd_bytes_are_carried_to_the_next_frame() -> None:
 
 def test_f32_carries_up_to_three_bytes() -> None:
     data = np.array([0.5, -0.25], dtype="<f4").tobytes()
-    dec = PcmDecoder(16000, "f32le")
+    dec = PcmDecoder(16000, "f32le", model_rate=MODEL_RATE)
     for i in range(3):
         assert dec.feed(data[i:i + 1]).size == 0
         assert dec.pending_bytes == i + 1
@@ -75,10 +78,10 @@ def test_any_split_gives_the_same_samples_at_16k(encoding: str, channels: int) -
     audio = noise(rng, 16000, channels)
     data = (audio * 32767).astype("<i2").tobytes() if encoding == "s16le" else audio.astype(
         "<f4").tobytes()
-    whole = PcmDecoder(16000, encoding, channels).feed(data)
+    whole = PcmDecoder(16000, encoding, channels, model_rate=MODEL_RATE).feed(data)
     assert whole.shape == (16000,)
     for seed in range(5):
-        pieces = feed_in_pieces(PcmDecoder(16000, encoding, channels), data,
+        pieces = feed_in_pieces(PcmDecoder(16000, encoding, channels, model_rate=MODEL_RATE), data,
                                 np.random.default_rng(seed))
         np.testing.assert_array_equal(pieces, whole)
 
@@ -96,34 +99,34 @@ def test_resampled_stream_matches_one_shot_soxr(rate: int, encoding: str) -> Non
     stream = soxr.ResampleStream(rate, MODEL_RATE, 1, dtype="float32", quality="HQ")
     expected = np.concatenate([stream.resample_chunk(reference_in),
                                stream.resample_chunk(np.zeros(0, np.float32), last=True)])
-    got = feed_in_pieces(PcmDecoder(rate, encoding), data, np.random.default_rng(1))
+    got = feed_in_pieces(PcmDecoder(rate, encoding, model_rate=MODEL_RATE), data, np.random.default_rng(1))
     np.testing.assert_array_equal(got, expected)
     assert len(got) == 2 * MODEL_RATE
 
 
 def test_channels_are_averaged() -> None:
     frames = np.array([[0.5, -0.5], [0.25, 0.25], [1.0, 0.0]], dtype="<f4")
-    out = PcmDecoder(16000, "f32le", channels=2).feed(frames.tobytes())
+    out = PcmDecoder(16000, "f32le", channels=2, model_rate=MODEL_RATE).feed(frames.tobytes())
     np.testing.assert_array_equal(out, [0.0, 0.25, 0.5])
 
 
 def test_partial_multichannel_frame_is_carried() -> None:
     frames = np.array([[1000, 3000], [-1000, -3000]], dtype="<i2").tobytes()
-    dec = PcmDecoder(16000, "s16le", channels=2)
+    dec = PcmDecoder(16000, "s16le", channels=2, model_rate=MODEL_RATE)
     assert dec.feed(frames[:6]).size == 1
     assert dec.pending_bytes == 2
     np.testing.assert_array_equal(dec.feed(frames[6:]), np.array([-2000], np.float32) / 32768)
 
 
 def test_received_time_counts_input_frames() -> None:
-    dec = PcmDecoder(8000, "s16le", channels=2)
+    dec = PcmDecoder(8000, "s16le", channels=2, model_rate=MODEL_RATE)
     dec.feed(b"\0" * (8000 * 2 * 2 + 3))
     assert dec.frames_received == 8000
     assert dec.seconds_received == 1.0
 
 
 def test_flush_ends_the_stream() -> None:
-    dec = PcmDecoder(16000, "s16le")
+    dec = PcmDecoder(16000, "s16le", model_rate=MODEL_RATE)
     dec.feed(b"\0\0\0")
     assert dec.flush().size == 0  # the odd byte is dropped
     assert dec.pending_bytes == 0
@@ -144,4 +147,4 @@ def test_unsupported_formats(rate: int, encoding: str, channels: int, message: s
     with pytest.raises(UnsupportedAudio, match=message):
         check_format(rate, encoding, channels)
     with pytest.raises(UnsupportedAudio):
-        PcmDecoder(rate, encoding, channels)
+        PcmDecoder(rate, encoding, channels, model_rate=MODEL_RATE)

@@ -17,7 +17,7 @@ import soundfile as sf
 from conftest import FIXTURES
 from streamd.clients.common import open_stream
 from streamd.server.app import App
-from streamd.server.protocol import Final, Start
+from streamd.protocol import Final, Start
 
 SPEECH = FIXTURES / "in3_espeak_sentence.wav"
 

@@ -9,13 +9,12 @@ from typing import Any
 import pytest
 import torch
 
-from helpers import random_model
+from helpers import random_model, run_streams, synthetic_audio
 from streamd.decoding.cuda_conditional import unsupported_reason
 from streamd.decoding.graphs import EAGER, FULL_GRAPH, NO_WHILE_LOOPS, GraphGreedyLabelLooping
 from streamd.decoding.greedy import GreedyLabelLooping
 from streamd.model.transducer import Transducer
-from test_graphs_rebuild import (CapacityAndDeviceIndexOnly, n_labels, run_streams, simulate, synthetic_audio,
-                                 trained_like)
+from test_graphs_rebuild import CapacityAndDeviceIndexOnly, n_labels, simulate, trained_like
 
 pytestmark = pytest.mark.cuda
 MODES = (FULL_GRAPH, NO_WHILE_LOOPS)

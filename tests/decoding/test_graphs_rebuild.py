@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import run_streams, synthetic_audio  # noqa: F401  (re-exported for test_graphs_cuda)
-from helpers import random_model
+from helpers import random_model, run_streams, synthetic_audio
 from streamd.decoding.cuda_conditional import unsupported_reason
 from streamd.decoding.graphs import (EAGER, FULL_GRAPH, NO_WHILE_LOOPS, BucketedGraphDecoder, GraphGreedyLabelLooping,
                                     GraphKey, make_decoder)

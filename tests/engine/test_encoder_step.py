@@ -79,7 +79,7 @@ def inputs(m: Transducer, b: int, rng: np.random.Generator, ragged: bool = True
     """b random windows: mel (b, n_mels, W) on the CPU, lengths and start (b,) on the model's
     device (as the recognizer passes them); some rows start late (a stream's first step) or end
     early (its last)."""
-    w = ChunkGeometry(m.encoder.att_context[1]).window
+    w = ChunkGeometry.of(m.dims, CONTEXT[0][1]).window
     mel = torch.from_numpy(rng.standard_normal((b, m.dims.features.n_mels, w)).astype(np.float32))
     start = np.where(rng.random(b) < 0.3, rng.choice([8, 16], b), 0) if ragged else np.zeros(b, dtype=np.int64)
     lengths = np.where(rng.random(b) < 0.3, rng.integers(start + 1, w + 1), w) if ragged else np.full(b, w)
@@ -94,7 +94,7 @@ def simulate(steps: list[EncoderStep], m: Transducer, slots: int, chunks: int, s
     slots (in random order) or `sizes[chunk]` of them. Returns each one's outputs per chunk and
     its final slot state."""
     rng = np.random.default_rng(seed)
-    caches = [m.encoder.init_cache(slots, m.device, m.dtype) for _ in steps]
+    caches = [m.encoder.init_cache(slots, CONTEXT[0], m.device, m.dtype) for _ in steps]
     outs: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in steps]
     for chunk in range(chunks):
         if between is not None:
@@ -105,7 +105,7 @@ def simulate(steps: list[EncoderStep], m: Transducer, slots: int, chunks: int, s
         for k, (step, cache) in enumerate(zip(steps, caches)):
             if cache.channel.dtype != m.dtype:
                 caches[k] = cache = cache.to(m.device, m.dtype)
-            enc, enc_len = step(cache, rows, mel, lengths, start, full)
+            enc, enc_len = step(cache, rows, mel, lengths, start, full, att_context=CONTEXT[0])
             outs[k].append((enc, enc_len))
     return outs, caches
 
@@ -160,12 +160,12 @@ def test_current_key_reads_the_model() -> None:
     m = model()
     step = graph_step(m)
     mel = torch.zeros(2, m.dims.features.n_mels, 41)
-    k = step.current_key(mel)
+    k = step.current_key(mel, CONTEXT[0])
     assert (k.device, k.dtype, k.att_context, k.window) == (torch.device("cpu"), torch.float32, (16, 3),
                                                             (m.dims.features.n_mels, 41))
     assert k.weights == tuple(t.data_ptr() for t in (*m.encoder.parameters(), *m.encoder.buffers()))
     m.to(torch.bfloat16)
-    k2 = step.current_key(mel)
+    k2 = step.current_key(mel, CONTEXT[0])
     assert k2.dtype == torch.bfloat16 and k2.weights != k.weights
 
 
@@ -209,8 +209,8 @@ def test_outputs_are_fresh_tensors() -> None:
     m = model()
     step = graph_step(m)
     rng = np.random.default_rng(0)
-    cache = m.encoder.init_cache(4, m.device, m.dtype)
-    enc, enc_len = step(cache, torch.tensor([2, 0, 3]), *inputs(m, 3, rng))
+    cache = m.encoder.init_cache(4, CONTEXT[0], m.device, m.dtype)
+    enc, enc_len = step(cache, torch.tensor([2, 0, 3]), *inputs(m, 3, rng), att_context=CONTEXT[0])
     static = step._static
     assert enc.shape == (3, 4, m.dims.d_model) and enc_len.shape == (3,)
     for t in (enc, enc_len):
@@ -286,6 +286,28 @@ def test_reset_drops_everything() -> None:
     assert be.captures == [4, 4]
 
 
+def test_the_calls_attention_context_is_part_of_the_key() -> None:
+    """The context is the caller's argument, not a model attribute: a call with another one
+    re-captures, with static caches of its left context, and matches the eager step."""
+    m, be = random_model(3, att_context_sizes=((16, 3), (8, 1))), FakeBackend()
+    eager, graphs = EncoderStep(m.encoder, EAGER), graph_step(m, be)
+    rng = np.random.default_rng(9)
+    rows = torch.tensor([2, 0, 3])
+    for context in ((16, 3), (8, 1), (16, 3)):
+        caches = [m.encoder.init_cache(4, context, m.device, m.dtype) for _ in range(2)]
+        w = ChunkGeometry.of(m.dims, context[1]).window
+        mel = torch.from_numpy(rng.standard_normal((3, m.dims.features.n_mels, w)).astype(np.float32))
+        lengths, start = torch.full((3,), w), torch.zeros(3, dtype=torch.long)
+        (e0, l0), (e1, l1) = (step(c, rows, mel, lengths, start, att_context=context)
+                              for step, c in zip((eager, graphs), caches))
+        assert torch.equal(l0, l1) and graphs.mode == GRAPHS
+        torch.testing.assert_close(e0, e1, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(caches[0].channel, caches[1].channel, rtol=1e-5, atol=1e-5)
+        assert graphs._static is not None and graphs._static.shapes["channel"][1] == context[0]
+    assert graphs.rebuilds == 3 and be.captures == [4, 4, 4]
+    assert "attention context [8, 1] -> [16, 3]" in graphs.last_rebuild_reason
+
+
 # -- fallbacks ---------------------------------------------------------------------------------
 def test_failed_capture_runs_that_bucket_eagerly_until_the_key_changes(caplog: pytest.LogCaptureFixture) -> None:
     m = model()
@@ -297,7 +319,8 @@ def test_failed_capture_runs_that_bucket_eagerly_until_the_key_changes(caplog: p
     assert_same(got, got)
     assert be.captures == [4] and graphs.buckets == [4] and graphs.fallbacks == 1
     assert len(reasons) == 1 and "capture failed for batch 8" in reasons[0] and "capture failed" in caplog.text
-    graphs(m.encoder.init_cache(8, m.device, m.dtype), torch.arange(6), *inputs(m, 6, np.random.default_rng(0)))
+    graphs(m.encoder.init_cache(8, CONTEXT[0], m.device, m.dtype), torch.arange(6),
+           *inputs(m, 6, np.random.default_rng(0)), att_context=CONTEXT[0])
     assert graphs.mode == EAGER and graphs.fallbacks == 1  # not tried again
     m.to(torch.float64)
     be.fail_sizes = ()
@@ -325,12 +348,13 @@ def test_a_callers_inference_mode_and_autocast_do_not_reach_the_buffers() -> Non
     m = model()
     step = graph_step(m)
     rng = np.random.default_rng(8)
-    cache = m.encoder.init_cache(4, m.device, m.dtype)
+    cache = m.encoder.init_cache(4, CONTEXT[0], m.device, m.dtype)
     with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
-        step(cache, torch.tensor([0, 1]), *inputs(m, 2, rng))
+        step(cache, torch.tensor([0, 1]), *inputs(m, 2, rng), att_context=CONTEXT[0])
     static = step._static
     assert static is not None and not static.channel_in.is_inference() and static.enc.dtype == torch.float32
-    step(cache, torch.tensor([2, 3]), *inputs(m, 2, rng))  # buffers made in inference mode would refuse this
+    # buffers made in inference mode would refuse this:
+    step(cache, torch.tensor([2, 3]), *inputs(m, 2, rng), att_context=CONTEXT[0])
 
 
 def test_recognizer_makes_an_encoder_step_per_model() -> None:

@@ -168,8 +168,8 @@ def test_recaptures_give_memory_back() -> None:
     reserved = []
     for i in range(6):
         m.to(torch.bfloat16 if i % 2 else torch.float32)
-        cache = m.encoder.init_cache(256, m.device, m.dtype)
-        step(cache, torch.arange(256, device="cuda"), *inputs(m, 256, rng))
+        cache = m.encoder.init_cache(256, CONTEXT[0], m.device, m.dtype)
+        step(cache, torch.arange(256, device="cuda"), *inputs(m, 256, rng), att_context=CONTEXT[0])
         del cache
         torch.cuda.synchronize()
         reserved.append(torch.cuda.memory_reserved() / 2**20)

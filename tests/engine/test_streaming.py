@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from helpers import fixture_model, greedy, random_model, reference, run_streams, synthetic_audio
-from streamd.engine.migration import cut_over, prepare, stage_cache
+from streamd.engine.migration import cut_over, placed_copy, stage_cache
 from streamd.engine.placement import move_model
 from streamd.engine.recognizer import Recognizer, transcribe_offline
 from streamd.engine.stream import Stream
@@ -33,10 +33,11 @@ def test_fixture_models_streaming_equals_offline(right: int) -> None:
     rng = np.random.default_rng(right)
     for kind in ("rnnt", "hybrid"):
         m = fixture_model(kind).model
-        rec = Recognizer(m, capacity=2, right_context=right)
+        context = m.dims.att_context_with_right(right)
+        rec = Recognizer(m, capacity=2, att_context=context)
         for name, inp in reference(kind)["inputs"].items():
             s = stream_through(rec, inp["audio"].numpy(), rng)
-            assert (s.tokens, s.times) == transcribe_offline(m, inp["audio"])
+            assert (s.tokens, s.times) == transcribe_offline(m, inp["audio"], att_context=context)
             # and equals NeMo's offline result at this lookahead
             assert s.tokens == reference(kind)["offline"][f"att70_{right}"][name]["hyp"]["tokens"].tolist()
 
@@ -48,13 +49,33 @@ def test_random_models_streaming_equals_offline(seed: int) -> None:
         move_model(m, torch.device("cpu"), torch.float32)
         assert m.encoder.pre_encode.conv[0].weight.is_contiguous(memory_format=torch.channels_last)
     for right in (3, 0):
-        rec = Recognizer(m, capacity=1, right_context=right)
+        rec = Recognizer(m, capacity=1, att_context=(16, right))
         for k, secs in enumerate((0.3, 2.17, 4.05)):
             audio = synthetic_audio(secs, seed * 10 + k)
             s = stream_through(rec, audio, np.random.default_rng(k))
-            off = transcribe_offline(m, torch.from_numpy(audio))
+            off = transcribe_offline(m, torch.from_numpy(audio), att_context=(16, right))
             assert (s.tokens, s.times) == off
             assert len(off[0]) > 0
+
+
+def test_one_model_serves_two_attention_contexts_at_once() -> None:
+    """The context is the recognizer's, passed to the encoder at every call: two recognizers at
+    different contexts share one model object, their steps interleaved, and each stream equals
+    the offline result at its own context."""
+    m = random_model(2, att_context_sizes=((16, 3), (16, 0)))
+    audio = synthetic_audio(2.17, 7)
+    recs = {right: Recognizer(m, capacity=1, att_context=(16, right)) for right in (3, 0)}
+    streams = {right: rec.open() for right, rec in recs.items()}
+    for s in streams.values():
+        s.push_audio(audio)
+        s.end()
+    while any(s.ready for s in streams.values()):
+        for right, s in streams.items():
+            if s.ready:
+                recs[right].step([s])
+    for right, s in streams.items():
+        assert (s.tokens, s.times) == transcribe_offline(m, torch.from_numpy(audio), att_context=(16, right))
+    assert recs[3].geometry.chunk_ms == 320 and recs[0].geometry.chunk_ms == 80
 
 
 def test_batch_invariance_streams_of_different_lengths_and_start_times() -> None:
@@ -70,13 +91,12 @@ def test_batch_invariance_streams_of_different_lengths_and_start_times() -> None
 
 def test_bf16_produces_tokens_close_to_fp32() -> None:
     m = fixture_model("rnnt").model
-    m.encoder.set_att_context((70, 13))
     inp = reference("rnnt")["inputs"]["in3_espeak_sentence"]["audio"]
-    fp32 = transcribe_offline(m, inp)[0]
+    fp32 = transcribe_offline(m, inp, att_context=(70, 13))[0]
     bf = Transducer(m.dims).eval()
     bf.load_state_dict(m.state_dict())
     bf.to(torch.bfloat16)
-    rec = Recognizer(bf, capacity=1, right_context=13)
+    rec = Recognizer(bf, capacity=1, att_context=(70, 13))
     s = stream_through(rec, inp.numpy(), np.random.default_rng(0))
     assert len(s.tokens) > 0
     agree = sum(a == b for a, b in zip(s.tokens, fp32)) / max(len(fp32), len(s.tokens))
@@ -91,7 +111,7 @@ def test_plain_to_mid_stream_is_enough() -> None:
     copy_ = Transducer(m.dims).eval()
     copy_.load_state_dict(m.state_dict())
     audio = reference("hybrid")["inputs"]["in1_am_tones_bursts_4p37s"]["audio"].numpy()
-    rec = Recognizer(copy_, capacity=2, right_context=6)
+    rec = Recognizer(copy_, capacity=2, att_context=(70, 6))
     s = rec.open()
     s.push_audio(audio[:30000])
     rec.step([s])
@@ -121,14 +141,14 @@ def test_cut_over_copies_slot_state_into_the_staged_buffers() -> None:
     s.push_audio(audio[:30000])
     while s.ready:
         rec.step([s])
-    target = prepare(m, torch.device("cpu"), torch.float64)
-    staged = stage_cache(target, rec.capacity)
+    target = placed_copy(m, torch.device("cpu"), torch.float64)
+    staged = stage_cache(target, rec.capacity, rec.att_context)
     before = rec.state_tensors()[0].channel.clone()
     cut_over(rec, target, staged)
     cache = rec.state_tensors()[0]
     assert cache is staged and cache.channel.dtype == torch.float64
     assert torch.equal(cache.channel, before.double())
-    back = prepare(m, torch.device("cpu"), torch.float32)
+    back = placed_copy(m, torch.device("cpu"), torch.float32)
     cut_over(rec, back)  # no staged buffers: converted with .to()
     assert rec.state_tensors()[0].channel.dtype == torch.float32
     s.push_audio(audio[30000:])

@@ -99,4 +99,7 @@ def test_streamd_format_round_trip(tmp_path: Path) -> None:
 def test_att_context_must_be_one_the_model_was_trained_for() -> None:
     m = fixture_model("rnnt").model
     with pytest.raises(ValueError, match="not in"):
-        m.encoder.set_att_context((70, 5))
+        m.dims.att_context((70, 5))
+    with pytest.raises(ValueError, match="not in"):
+        m.dims.att_context_with_right(5)
+    assert m.dims.att_context() == (70, 13) and m.dims.att_context_with_right(1) == (70, 1)

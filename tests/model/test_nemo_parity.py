@@ -19,13 +19,12 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_offline_encoder_and_greedy_match_nemo(kind: str, ctx: str) -> None:
     lm, ref = fixture_model(kind), reference(kind)
     m = lm.model
-    m.encoder.set_att_context(CONTEXTS[ctx])
     dec = greedy(m)
     for name, inp in ref["inputs"].items():
         o = ref["offline"][ctx][name]
         mel_len = torch.tensor([inp["mel_len"]])
         with torch.no_grad():
-            enc, enc_len = m.encoder(inp["mel"][None, :, : inp["mel_len"]], mel_len)
+            enc, enc_len = m.encoder(inp["mel"][None, :, : inp["mel_len"]], mel_len, CONTEXTS[ctx])
         assert int(enc_len) == o["encoded_len"]
         assert rel_err(enc[0], o["encoded"].T[: o["encoded_len"]]) <= REL_TOL, name
         # on NeMo's encoder output: the search alone
@@ -40,7 +39,6 @@ def test_offline_encoder_and_greedy_match_nemo(kind: str, ctx: str) -> None:
 @pytest.mark.parametrize("kind", MODELS)
 def test_prediction_net_and_joint_match_nemo(kind: str) -> None:
     m, ref = fixture_model(kind).model, reference(kind)
-    m.encoder.set_att_context((70, 13))
     o = ref["offline"]["att70_13"]["in2_chirp_1p23s"]
     toks = o["hyp"]["tokens"][None]
     with torch.no_grad():
@@ -54,7 +52,6 @@ def test_prediction_net_and_joint_match_nemo(kind: str) -> None:
 
 def test_ctc_head_matches_nemo() -> None:
     m, ref = fixture_model("hybrid").model, reference("hybrid")
-    m.encoder.set_att_context((70, 13))
     assert m.ctc_decoder is not None
     for name in ref["inputs"]:
         o = ref["offline"]["att70_13"][name]
@@ -83,7 +80,6 @@ def test_streaming_chunks_match_nemo(kind: str, ctx: str) -> None:
     pre-encode cache, full mel tensor width), chunk by chunk, through `streaming_forward`."""
     lm, ref = fixture_model(kind), reference(kind)
     m = lm.model
-    m.encoder.set_att_context(CONTEXTS[ctx])
     dec = greedy(m)
     cfg = ref["meta"]["streaming_cfg"][ctx]
     r = CONTEXTS[ctx][1]
@@ -91,7 +87,7 @@ def test_streaming_chunks_match_nemo(kind: str, ctx: str) -> None:
         st = ref["streaming"][ctx][name]
         chunks = nemo_buffer_chunks(inp["mel"], *cfg["chunk_size"])
         assert len(chunks) >= st["num_chunks"]
-        cache: EncoderCache = m.encoder.init_cache(1, "cpu", torch.float32)
+        cache: EncoderCache = m.encoder.init_cache(1, CONTEXTS[ctx], "cpu", torch.float32)
         state = None
         for i, c in enumerate(st["chunks"]):
             x, drop = chunks[i]
@@ -99,7 +95,8 @@ def test_streaming_chunks_match_nemo(kind: str, ctx: str) -> None:
             if "input_mels" in c:
                 assert torch.equal(x, c["input_mels"][0])
             with torch.no_grad():
-                y, y_len, cache = m.encoder.streaming_forward(x[None], c["input_len"], cache, drop_extra=drop)
+                y, y_len, cache = m.encoder.streaming_forward(x[None], c["input_len"], cache, CONTEXTS[ctx],
+                                                              drop_extra=drop)
             if not c["keep_all_outputs"]:
                 y_len = y_len.clamp(max=r + 1)
             assert y_len.tolist() == c["encoded_len"].tolist(), (name, i)
@@ -126,15 +123,15 @@ def test_streaming_tokens_match_nemo(kind: str) -> None:
     lm, ref = fixture_model(kind), reference(kind)
     m = lm.model
     for ctx, (left, r) in CONTEXTS.items():
-        m.encoder.set_att_context((left, r))
         dec = greedy(m)
         cfg = ref["meta"]["streaming_cfg"][ctx]
         for name, inp in ref["inputs"].items():
             st = ref["streaming"][ctx][name]
-            cache, state, toks, times = m.encoder.init_cache(1, "cpu", torch.float32), None, [], []
+            cache, state, toks, times = m.encoder.init_cache(1, (left, r), "cpu", torch.float32), None, [], []
             for (x, drop), c in zip(nemo_buffer_chunks(inp["mel"], *cfg["chunk_size"]), st["chunks"]):
                 with torch.no_grad():
-                    y, y_len, cache = m.encoder.streaming_forward(x[None], c["input_len"], cache, drop_extra=drop)
+                    y, y_len, cache = m.encoder.streaming_forward(x[None], c["input_len"], cache, (left, r),
+                                                                  drop_extra=drop)
                 if not c["keep_all_outputs"]:
                     y_len = y_len.clamp(max=r + 1)
                 (t, tm), = (h := dec(y[:, : int(y_len)], y_len, state))[0].to_lists()
@@ -149,10 +146,9 @@ def test_streaming_tokens_match_nemo(kind: str) -> None:
 def test_batched_offline_matches_nemo(kind: str) -> None:
     """All four inputs in one padded batch: the masked subsampling and attention."""
     m, ref = fixture_model(kind).model, reference(kind)
-    m.encoder.set_att_context((70, 13))
     b = ref["batched"]["offline_default_ctx"]
     with torch.no_grad():
-        enc, enc_len = m.encoder(b["mel"], b["mel_len"])
+        enc, enc_len = m.encoder(b["mel"], b["mel_len"], (70, 13))
     assert enc_len.tolist() == b["encoded_len"].tolist()
     for i in range(len(b["names"])):
         n = int(enc_len[i])

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from streamd.config import EndpointingConfig
+from streamd.engine.recognizer import ChunkResult
+from streamd.engine.utterances import UtteranceTracker
 from streamd.server.metrics import CONTENT_TYPE, MIGRATION_RESULTS, REJECTION_REASONS, Metrics
 
 
@@ -16,7 +19,7 @@ def test_expected_series_exist_at_zero() -> None:
     got = samples(Metrics(process=False))
     for name in ("streamd_streams_active", "streamd_connections_total", "streamd_audio_seconds_total",
                  "streamd_decode_step_seconds_count", "streamd_batch_size_count",
-                 "streamd_batch_wait_seconds_count", "streamd_partial_latency_seconds_count",
+                 "streamd_partial_latency_seconds_count",
                  "streamd_final_latency_seconds_count", "streamd_realtime_factor",
                  "streamd_migration_pause_seconds_count", "streamd_cuda_graph_fallbacks_total"):
         assert got[(name, ())] == 0.0, name
@@ -25,6 +28,16 @@ def test_expected_series_exist_at_zero() -> None:
     for result in MIGRATION_RESULTS:
         assert got[("streamd_migrations_total", (("result", result),))] == 0.0
     assert got[("streamd_endpoints_total", (("rule", "max_utterance"),))] == 0.0
+
+
+def test_endpoints_are_counted_by_rule() -> None:
+    m = Metrics(process=False)
+    tracker = UtteranceTracker(EndpointingConfig(240, 400, 0), 80, on_endpoint=m.count_endpoint)
+    tracker.on_chunk(ChunkResult([5], [1], 0, 20))  # speech at 1, 3 silent frames: endpoint at 4
+    got = samples(m)
+    assert got[("streamd_endpoints_total", (("rule", "silence_after_speech"),))] == 1.0
+    assert got[("streamd_endpoints_total", (("rule", "silence_without_speech"),))] == 3.0  # 5..19
+    assert "streamd_batch_wait_seconds_count" not in {name for name, _ in got}  # nothing records it
 
 
 def test_registries_are_independent() -> None:

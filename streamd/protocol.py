@@ -1,9 +1,11 @@
-"""The streaming websocket protocol, version 1, without I/O.
+"""The streaming websocket protocol, version 1, without I/O: the one module both sides import.
 
-Typed dataclasses for every message, parsing of client text messages,
-serialisation of server messages, and :class:`SessionProtocol`, the
-per-connection state machine that checks message order and numbers outgoing
-messages. ``docs/protocol.md`` is the user-facing description.
+Everything on the wire is here: the paths, typed dataclasses for every message, parsing and
+validation of client messages (the audio formats accepted included), serialisation of server
+messages, the close codes, the error codes a client must not retry, and
+:class:`SessionProtocol`, the per-connection state machine that checks message order and numbers
+outgoing messages. The server (``streamd.server``) and the clients (``streamd.clients``) import
+it; it imports no torch. ``docs/protocol.md`` is the user-facing description.
 """
 from __future__ import annotations
 
@@ -12,19 +14,49 @@ import enum
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, TypeVar, Union, cast
+from http import HTTPStatus
+from typing import Any, ClassVar, Literal, TypeVar, Union, cast, get_args
 
-from streamd.audio.pcm import Encoding, check_format
+# The close codes: 1000 after ``summary`` (``stop``), 1001 at shutdown, an error's ``close_code`` else.
+from websockets.frames import CloseCode as CloseCode
+
 from streamd.config import MAX_ENDPOINT_MS, EndpointingConfig
-from streamd.errors import ProtocolViolation, StreamdError, echo
+from streamd.errors import ProtocolViolation, StreamdError, UnsupportedAudio, echo
 
 
 PROTOCOL_VERSION = "1"
 STREAM_PATH = "/v1/stream"
+REALTIME_PATH = "/v1/realtime"  # the OpenAI Realtime face (``streamd.server.realtime``)
 _MAX_CLOSE_REASON_BYTES = 123
-_INTERNAL_CLOSE = 1011
+
+# Audio formats ``start`` may declare; the server resamples and mixes to what the model takes.
+MIN_SAMPLE_RATE = 8_000
+MAX_SAMPLE_RATE = 48_000
+MAX_CHANNELS = 8
+Encoding = Literal["s16le", "f32le"]
+ENCODINGS: tuple[Encoding, ...] = get_args(Encoding)
+
+# Handshakes refused with these HTTP statuses (no websocket, no error message), as the error
+# code clients report and an explanation for the user.
+HANDSHAKE_REFUSALS: Mapping[int, tuple[str, str]] = {
+    HTTPStatus.UNAUTHORIZED: ("unauthorized", "the daemon needs a bearer token (--token-file)"),
+    HTTPStatus.FORBIDDEN: ("forbidden", "the daemon does not take streams from this origin")}
+# Error codes that a new connection would only repeat: the client must change, not retry.
+FATAL_ERRORS = frozenset({ProtocolViolation.code, UnsupportedAudio.code,
+                          *(code for code, _ in HANDSHAKE_REFUSALS.values())})
 
 FinalReason = Literal["endpoint", "max_utterance", "finalize", "end_of_stream"]
+
+
+def check_format(sample_rate: int, encoding: str, channels: int) -> None:
+    """Raise UnsupportedAudio unless the stream format is one streamd accepts."""
+    if encoding not in ENCODINGS:
+        raise UnsupportedAudio(f"unsupported encoding {echo(encoding)}; use one of {', '.join(ENCODINGS)}")
+    if not MIN_SAMPLE_RATE <= sample_rate <= MAX_SAMPLE_RATE:
+        raise UnsupportedAudio(
+            f"unsupported sample_rate {echo(sample_rate)}; use {MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE} Hz")
+    if not 1 <= channels <= MAX_CHANNELS:
+        raise UnsupportedAudio(f"unsupported channels {echo(channels)}; use 1..{MAX_CHANNELS}")
 
 
 # -- client -> server ---------------------------------------------------------------------------
@@ -331,7 +363,8 @@ def parse_server_message(text: str) -> ServerMessage:
 def close_for(exc: StreamdError) -> tuple[int, str]:
     """The websocket close code and reason (at most 123 UTF-8 bytes) for an error."""
     reason = exc.message.encode()[:_MAX_CLOSE_REASON_BYTES].decode(errors="ignore")
-    return (exc.close_code if exc.close_code is not None else _INTERNAL_CLOSE), reason
+    return (exc.close_code if exc.close_code is not None else CloseCode.INTERNAL_ERROR), reason
+
 
 
 # -- per-session state machine ------------------------------------------------------------------

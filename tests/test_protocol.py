@@ -10,8 +10,11 @@ import pytest
 import streamd.errors as errors
 from streamd.config import EndpointingConfig
 from streamd.errors import ProtocolViolation, StreamdError, UnsupportedAudio
-from streamd.server.protocol import (
+from streamd.protocol import (
+    FATAL_ERRORS,
+    HANDSHAKE_REFUSALS,
     PROTOCOL_VERSION,
+    REALTIME_PATH,
     STREAM_PATH,
     ClientMessage,
     EndpointingOptions,
@@ -35,7 +38,7 @@ from streamd.server.protocol import (
     parse_server_message,
 )
 
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "protocol.md"
 START = '{"type":"start","sample_rate":16000,"encoding":"s16le"}'
 
 READY = Ready(session_id="abc", model="tiny", device="cuda:0", dtype="bf16", chunk_ms=160,
@@ -53,7 +56,16 @@ def start(**fields: object) -> str:
 
 
 def test_constants() -> None:
-    assert (PROTOCOL_VERSION, STREAM_PATH) == ("1", "/v1/stream")
+    assert (PROTOCOL_VERSION, STREAM_PATH, REALTIME_PATH) == ("1", "/v1/stream", "/v1/realtime")
+
+
+def test_errors_not_to_retry_are_documented() -> None:
+    """The clients' "do not reconnect" set is the documented one, and every code in it exists."""
+    text = DOCS.read_text()
+    paragraph = text[text.index("Reconnecting cannot help"):].split("\n\n", 1)[0]
+    assert set(re.findall(r"`(\w+)`", paragraph)) == FATAL_ERRORS
+    codes = {cls.code for cls in ERROR_CLASSES} | {code for code, _ in HANDSHAKE_REFUSALS.values()}
+    assert FATAL_ERRORS <= codes
 
 
 def test_minimal_start_takes_the_defaults() -> None:
@@ -226,7 +238,7 @@ def test_error_from_exception_and_close_codes() -> None:
     exc = errors.Overloaded("no free slot")
     assert Error.from_exception(exc) == Error("overloaded", "no free slot")
     assert close_for(exc) == (1013, "no free slot")
-    assert close_for(errors.MigrationError("x"))[0] == 1011
+    assert close_for(errors.ConfigError("x"))[0] == 1011  # no close code of its own: internal
 
 
 def test_close_reason_is_truncated_to_123_utf8_bytes() -> None:
@@ -254,14 +266,16 @@ def test_error_codes_are_unique_and_documented() -> None:
     for cls in ERROR_CLASSES:
         if cls.close_code is not None:
             assert re.search(rf"`{cls.code}`.*\b{cls.close_code}\b", docs), cls.__name__
+    table = docs.split("## Error codes", 1)[1].split("\n## ", 1)[0]
+    documented = set(re.findall(r"^\| `(\w+)` \| \d{4} \|", table, re.M))
+    assert documented == {cls.code for cls in ERROR_CLASSES if cls.close_code is not None}  # none never sent
 
 
 def test_close_codes() -> None:
     assert {cls.__name__: cls.close_code for cls in ERROR_CLASSES} == {
-        "ConfigError": None, "ProtocolViolation": 1008, "MessageTooBig": 1009,
-        "UnsupportedAudio": 1003, "Unauthorized": 1008, "IdleTimeout": 1008,
+        "ConfigError": None, "ProtocolViolation": 1008, "UnsupportedAudio": 1003, "IdleTimeout": 1008,
         "SessionExpired": 1008, "BacklogExceeded": 1008, "SlowConsumer": 1008, "Overloaded": 1013,
-        "ModelUnavailable": 1011, "InternalError": 1011, "MigrationError": None,
+        "InternalError": 1011,
     }
 
 

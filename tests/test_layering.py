@@ -1,0 +1,59 @@
+"""Import layering: lower layers never import upper ones.
+
+`streamd.model` (the network, its checkpoint loader, feature front end and tokenizer) is the
+bottom: it imports nothing from `streamd.audio` (live features, PCM intake) or `streamd.decoding`
+(search). The clients speak only the wire protocol: nothing of the server, engine or model.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "streamd"
+
+
+def imported_modules(source: str, package: str) -> list[tuple[int, str]]:
+    """(line, module) of every import in a module's source, at any depth (TYPE_CHECKING and
+    function-level imports included); relative imports are resolved against `package`."""
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            module = ".".join(p for p in (base, node.module or "") if p)
+            # `from streamd import audio` imports a package too
+            out += [(node.lineno, module)] + [(node.lineno, f"{module}.{a.name}") for a in node.names]
+    return out
+
+
+def violations(layer: str, forbidden: tuple[str, ...]) -> dict[str, str]:
+    """file:line -> the forbidden module imported there, for every module of `layer`."""
+    found: dict[str, str] = {}
+    for path in sorted((PACKAGE / layer).rglob("*.py")):
+        package = ".".join(path.relative_to(PACKAGE.parent).parts[:-1])
+        for line, module in imported_modules(path.read_text(), package):
+            where = f"{path.relative_to(PACKAGE.parent)}:{line}"
+            if any(module == f or module.startswith(f + ".") for f in forbidden) and where not in found:
+                found[where] = module
+    return found
+
+
+@pytest.mark.parametrize(("layer", "forbidden"), [
+    ("model", ("streamd.audio", "streamd.decoding", "streamd.engine", "streamd.server", "streamd.clients")),
+    ("clients", ("streamd.server", "streamd.engine", "streamd.model", "streamd.decoding", "torch")),
+])
+def test_no_upward_imports(layer: str, forbidden: tuple[str, ...]) -> None:
+    assert violations(layer, forbidden) == {}
+
+
+def test_the_check_sees_imports() -> None:
+    """The walker finds plain, from-, relative, nested and TYPE_CHECKING imports."""
+    source = ("import streamd.audio.pcm\nfrom ..decoding import greedy\nfrom streamd import audio\n"
+              "if TYPE_CHECKING:\n    from streamd.server import app\n"
+              "def f():\n    from streamd.decoding.state import DecoderState\n")
+    found = {m for _, m in imported_modules(source, "streamd.model")}
+    assert {"streamd.audio.pcm", "streamd.decoding.greedy", "streamd.audio", "streamd.server.app",
+            "streamd.decoding.state"} <= found
