@@ -3,14 +3,13 @@
 Every error a client can see has a stable ``code`` (sent in the protocol's
 ``error`` message) and, where the error ends a websocket session, the
 ``close_code`` the server closes with (``streamd.protocol.close_for`` maps exceptions to close
-frames); this module holds no handling logic (only `echo`, which quotes client values).
+frames); this module holds no handling logic (only `echo`, which quotes client values). It
+imports only the standard library (``streamd.config`` uses it and must not import websockets).
 """
 from __future__ import annotations
 
 import json
 from typing import Any, ClassVar
-
-from websockets.frames import CloseCode
 
 MAX_ECHO_CHARS = 64
 
@@ -54,53 +53,53 @@ class ProtocolViolation(StreamdError):
     """The client broke the protocol: bad JSON, unknown type, bad field, wrong order."""
 
     code = "protocol_violation"
-    close_code = CloseCode.POLICY_VIOLATION
+    close_code = 1008
 
 
 class UnsupportedAudio(StreamdError):
     """Audio the server cannot accept: encoding, rate, channels, NaN/inf samples."""
 
     code = "unsupported_audio"
-    close_code = CloseCode.UNSUPPORTED_DATA
+    close_code = 1003
 
 
 class IdleTimeout(StreamdError):
     """No audio and no keepalive for ``idle_timeout_s``."""
 
     code = "idle_timeout"
-    close_code = CloseCode.POLICY_VIOLATION
+    close_code = 1008
 
 
 class SessionExpired(StreamdError):
     """The session ran longer than ``max_session_s``."""
 
     code = "session_expired"
-    close_code = CloseCode.POLICY_VIOLATION
+    close_code = 1008
 
 
 class BacklogExceeded(StreamdError):
     """The client sent more than ``max_backlog_s`` of audio ahead of decoding (policy ``close``)."""
 
     code = "backlog_exceeded"
-    close_code = CloseCode.POLICY_VIOLATION
+    close_code = 1008
 
 
 class SlowConsumer(StreamdError):
     """The client has not taken its results for ``send_timeout_s``."""
 
     code = "slow_consumer"
-    close_code = CloseCode.POLICY_VIOLATION
+    close_code = 1008
 
 
 class Overloaded(StreamdError):
     """No capacity for another stream; retry later."""
 
     code = "overloaded"
-    close_code = CloseCode.TRY_AGAIN_LATER
+    close_code = 1013
 
 
 class InternalError(StreamdError):
     """An unexpected server fault (a bug or a device failure)."""
 
     code = "internal_error"
-    close_code = CloseCode.INTERNAL_ERROR
+    close_code = 1011

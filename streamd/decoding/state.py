@@ -20,6 +20,10 @@ class DecoderState:
     label: Tensor
     frames: Tensor
 
+    @property
+    def batch(self) -> int:
+        return int(self.label.shape[0])
+
     def index_select(self, rows: Tensor) -> DecoderState:
         return DecoderState(self.h.index_select(1, rows), self.c.index_select(1, rows),
                             self.gproj.index_select(0, rows), self.label.index_select(0, rows),
