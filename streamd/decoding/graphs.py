@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from streamd.buckets import bucket_size, check_per_octave
+from streamd.graph_keys import Storages, placement_changes
 from streamd.decoding.greedy import DEFAULT_MAX_SYMBOLS, BatchedHyps, GreedyLabelLooping, LoopState
 from streamd.decoding.state import DecoderState
 from streamd.model.rnnt import Joint, Predictor
@@ -62,13 +63,7 @@ class GraphKey:
         """Why graphs captured for `old` cannot serve `self` ('' when they can)."""
         if old is None:
             return "first call"
-        why = []
-        if old.device != self.device:
-            why.append(f"device {old.device} -> {self.device}")
-        if old.dtype != self.dtype:
-            why.append(f"dtype {old.dtype} -> {self.dtype}")
-        if old.weights != self.weights:
-            why.append("weight storage replaced")
+        why = placement_changes(old, self)
         if (old.batch, old.frames) != (self.batch, self.frames):
             why.append(f"capacity {old.batch}x{old.frames} -> {self.batch}x{self.frames}")
         return ", ".join(why)
@@ -156,6 +151,7 @@ class GraphGreedyLabelLooping:
             raise ValueError(f"mode must be one of {REQUESTS}, not {mode!r}")
         self.ref = GreedyLabelLooping(predictor, joint, blank_id, max_symbols)
         self.predictor, self.joint = predictor, joint
+        self._storages = Storages(predictor, joint)  # where their weights are held, read cheaply per call
         self.requested = mode
         self.max_batch, self.max_frames = max_batch, max_frames
         self.backend = backend if backend is not None else CudaGraphBackend()
@@ -250,7 +246,7 @@ class GraphGreedyLabelLooping:
 
     # -- graphs ------------------------------------------------------------------------------
     def _params(self) -> list[Tensor]:
-        return [*self.predictor.parameters(), *self.joint.parameters()]
+        return self._storages.tensors()
 
     def _versions(self) -> tuple[int, ...]:
         try:

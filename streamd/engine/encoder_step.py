@@ -45,6 +45,7 @@ import torch
 from torch import Tensor
 
 from streamd.buckets import DEFAULT_PER_OCTAVE, bucket_size, check_per_octave
+from streamd.graph_keys import Storages, placement_changes
 from streamd.model.encoder import DROP_EXTRA_PRE_ENCODED, ConformerEncoder, EncoderCache
 
 log = logging.getLogger("streamd.engine")
@@ -69,13 +70,7 @@ class EncoderGraphKey:
         """Why graphs captured for `old` cannot serve `self` ('' when they can)."""
         if old is None:
             return "first call"
-        why = []
-        if old.device != self.device:
-            why.append(f"device {old.device} -> {self.device}")
-        if old.dtype != self.dtype:
-            why.append(f"dtype {old.dtype} -> {self.dtype}")
-        if old.weights != self.weights:
-            why.append("weight storage replaced")
+        why = placement_changes(old, self)
         if old.att_context != self.att_context:
             why.append(f"attention context {list(old.att_context)} -> {list(self.att_context)}")
         if old.window != self.window:
@@ -208,6 +203,7 @@ class EncoderStep:
             raise ValueError(f"encoder graph mode must be one of {REQUESTS}, not {mode!r}")
         check_per_octave(per_octave)
         self.encoder, self.requested = encoder, mode
+        self._storages = Storages(encoder)
         self.max_batch, self.per_octave = max_batch, per_octave
         self.on_fallback = on_fallback
         self.backend = backend if backend is not None else EncoderGraphBackend()
@@ -247,10 +243,9 @@ class EncoderStep:
 
     def current_key(self, mel: Tensor, att_context: tuple[int, int]) -> EncoderGraphKey:
         """The key for the encoder as it is now, a mel input (b, n_mels, W) and an attention context."""
-        e = self.encoder
-        w = e.pre_encode.out.weight
-        ptrs = tuple(t.data_ptr() for t in (*e.parameters(), *e.buffers()))
-        return EncoderGraphKey(w.device, w.dtype, ptrs, att_context, (int(mel.shape[1]), int(mel.shape[2])))
+        w = self.encoder.pre_encode.out.weight
+        return EncoderGraphKey(w.device, w.dtype, self._storages.pointers(), att_context,
+                               (int(mel.shape[1]), int(mel.shape[2])))
 
     def reset(self) -> None:
         """Drop graphs and buffers now; the next call captures again."""
