@@ -9,6 +9,7 @@ between steps is enough.
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,6 +28,7 @@ from streamd.model.encoder import EncoderCache
 from streamd.model.preprocessor import LogMel
 from streamd.model.transducer import Transducer
 
+log = logging.getLogger("streamd.engine")
 
 Search = GreedyLabelLooping | GraphGreedyLabelLooping | BucketedGraphDecoder  # not `model.decoder`, the prediction net
 SearchFactory = Callable[[Transducer], Search]
@@ -100,25 +102,42 @@ class Recognizer:
         self._fresh[slot] = None  # its rows are reset at the next step, with all others opened since
         return Stream.new(slot, self._logmel, self.geometry)
 
-    def capture_graphs(self, up_to: int) -> list[int]:
+    def capture_graphs(self, up_to: int, min_free: float = 0.1) -> list[int]:
         """Step silent streams at every batch bucket (encoder's and decoder's) up to `up_to`
-        streams, smallest first, so that the encoder's and the decoder's CUDA graphs of every bucket are captured
-        before clients come (a capture mid-stream stalls every stream of that step). Uses free
-        slots and gives them back. Returns the batch sizes stepped."""
+        streams, smallest first, so that their CUDA graphs are captured before clients come (a
+        capture mid-stream stalls every stream of that step). Stops early, leaving the larger
+        buckets to be captured when first used, once less than `min_free` of the GPU's memory is
+        free or a step runs out of memory: serving needs that memory more. Uses free slots and
+        gives them back. Returns the batch sizes stepped."""
         top = min(up_to, len(self._free))
         sizes = sorted({min(bucket_size(b, per), top) for per in self._bucket_octaves() for b in range(1, top + 1)})
         streams = [self.open() for _ in range(sizes[-1] if sizes else 0)]
         hop = self._logmel.dims.hop_length
         piece = np.zeros(hop * self.geometry.new_frames(False) + self._logmel.dims.n_fft, dtype=np.float32)
+        device = self.model.device
+        done: list[int] = []
         try:
             for n in sizes:
+                if device.type == "cuda":
+                    free, total = torch.cuda.mem_get_info(device)
+                    if free < min_free * total:
+                        log.warning("graph warm-up stopped before batch %d: %.1f of %.1f GiB free", n,
+                                    free / 2**30, total / 2**30)
+                        break
                 for s in streams[:n]:
                     s.push_audio(piece)
-                self.step(streams[:n])
+                try:
+                    self.step(streams[:n])
+                except torch.OutOfMemoryError:
+                    log.warning("graph warm-up stopped at batch %d: out of GPU memory", n)
+                    break
+                done.append(n)
         finally:
             for s in streams:
                 self.close(s)
-        return sizes
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        return done
 
     def _bucket_octaves(self) -> set[int]:
         """Bucket sizes per octave of the encoder step and of the decoder (if they bucket)."""

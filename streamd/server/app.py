@@ -72,7 +72,7 @@ async def warm_up(engine: Engine) -> None:
     if rec.encoder_step.mode == GRAPHS:
         t0 = time.perf_counter()
         sizes = await engine.call(lambda r: r.capture_graphs(engine.max_batch))
-        log.info("captured CUDA graphs for %d batch sizes up to %d in %.1f s", len(sizes), sizes[-1],
+        log.info("captured CUDA graphs for %d batch sizes up to %d in %.1f s", len(sizes), max(sizes, default=0),
                  time.perf_counter() - t0)
 
 

@@ -58,3 +58,20 @@ def test_capture_graphs_steps_every_bucket_and_frees_its_slots() -> None:
     assert sizes == sorted(set(sizes)) and sizes[0] == 1 and sizes[-1] == 40
     assert {bucket_size(n) for n in range(1, 41)} <= {bucket_size(n) for n in sizes}
     assert rec.active == 0
+
+
+def test_capture_graphs_stops_when_the_gpu_runs_out_of_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Warm-up must not take the daemon down: a step that runs out of memory ends it early."""
+    import torch
+
+    rec = Recognizer(random_model(), capacity=40)
+    real = rec.step
+
+    def step(streams: list[Stream]) -> object:
+        if len(streams) > 16:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(streams)
+
+    monkeypatch.setattr(rec, "step", step)
+    sizes = rec.capture_graphs(40)
+    assert sizes and max(sizes) == 16 and rec.active == 0
