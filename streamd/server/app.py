@@ -3,6 +3,7 @@ one port, drain on SIGTERM/SIGINT."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import signal
 import ssl
@@ -26,12 +27,14 @@ from streamd.engine.recognizer import Recognizer
 from streamd.engine.scheduler import Engine
 from streamd.model.checkpoint import load_model, resolve_model_path
 from streamd.server.access import Access
+from streamd.server.admission import Capacity, probe, probe_sizes
 from streamd.server.admin import AdminServer, Control
 from streamd.server.handler import Connection, ServerState
 from streamd.server.metrics import CONTENT_TYPE, Metrics
 from streamd.server.http import GuardedConnection, quiet_client_handshake_faults, response, without_body
 from streamd.server.protocol import STREAM_PATH
 from streamd.server.realtime import REALTIME_PATH, RealtimeConnection
+from streamd.server.resume import SESSION_HEADER, Sessions, assign_session_id
 from streamd.server.secrets import read_token, warn_if_exposed
 
 log = logging.getLogger("streamd.server")
@@ -66,12 +69,23 @@ def build_state(cfg: Config, metrics: Metrics) -> ServerState:
                      encoder_factory=lambda m: make_encoder_step(m, mode, capacity, graph_fallback))
     chunk_s = rec.geometry.chunk_ms / 1000
 
+    def capacity_changed(estimate: int, limit: int) -> None:
+        metrics.capacity_estimate.set(estimate)
+        metrics.capacity.set(limit)
+
+    s = cfg.server
+    admission = Capacity(chunk_s, s.max_streams, s.admission_utilization, s.admission == "capacity",
+                         capacity_changed)
+    capacity_changed(admission.estimate, admission.limit)
+
     def on_step(seconds: float, batch: int) -> None:
         metrics.observe_step(seconds, batch, chunk_s)
+        admission.observe(seconds, batch)
 
     engine = Engine(rec, cfg.server.max_streams, e.batch_wait_ms / 1000, on_step)
     metrics.set_model(loaded.name, str(device), DTYPE_NAMES[dtype])
-    return ServerState(cfg, engine, loaded.tokenizer, metrics, loaded.name, loaded.model)
+    return ServerState(cfg, engine, loaded.tokenizer, metrics, loaded.name, loaded.model,
+                       sessions=Sessions(s.resume_grace_s), capacity=admission)
 
 
 async def warm_up(engine: Engine) -> None:
@@ -81,6 +95,14 @@ async def warm_up(engine: Engine) -> None:
     engine.end(session)
     while await session.results.get() is not None:
         pass
+
+
+async def measure_capacity(state: ServerState) -> None:
+    """Time batched steps at warm-up: the first capacity estimate (see streamd.server.admission),
+    measured (and exported) even when `admission = "max_streams"` does not enforce it."""
+    if state.capacity is not None:
+        sizes = probe_sizes(state.config.server.max_streams)
+        state.capacity.seed(await state.engine.call(lambda rec: probe(rec, sizes)))
 
 
 class App:
@@ -110,9 +132,7 @@ class App:
         if path == "/livez":
             return response(HTTPStatus.OK, b"ok\n")
         if path == "/readyz":
-            if self.accepting and not self.state.cutting_over:
-                return response(HTTPStatus.OK, b"ready\n")
-            return response(HTTPStatus.SERVICE_UNAVAILABLE, b"not ready\n")
+            return self._readyz()
         if path == "/metrics":
             return response(HTTPStatus.OK, self.state.metrics.render(), CONTENT_TYPE)
         if path in STATIC_FILES:
@@ -127,10 +147,43 @@ class App:
         if not self.accepting:
             self.state.metrics.rejections.labels(reason="draining").inc()
             return response(HTTPStatus.SERVICE_UNAVAILABLE, b"draining\n", extra={"Retry-After": "5"})
-        if len(self.state.live) >= self.state.config.server.max_streams:
+        if self.full:
             self.state.metrics.rejections.labels(reason="overloaded").inc()
             return response(HTTPStatus.SERVICE_UNAVAILABLE, b"at capacity\n", extra={"Retry-After": "1"})
+        if len(self.state.live) >= self.limit:
+            self.state.sessions.evict()  # a stream whose client is gone makes room
         return None
+
+    @property
+    def limit(self) -> int:
+        """Streams admitted: min(max_streams, the real-time estimate) (streamd.server.admission)."""
+        cap = self.state.capacity
+        return cap.limit if cap is not None else self.state.config.server.max_streams
+
+    @property
+    def full(self) -> bool:
+        """No room for a new stream, even in place of a parked one."""
+        return len(self.state.live) - self.state.sessions.parked >= self.limit
+
+    def _readyz(self) -> Response:
+        """200 while new streams are taken; 503 while loading, draining, cutting over or full (a
+        load balancer then sends streams elsewhere). The body says why, with the counts."""
+        why = ("loading" if not self.ready else "draining" if not self.accepting else
+               "cutting over" if self.state.cutting_over else "full" if self.full else None)
+        cap = self.state.capacity
+        body = {"ready": why is None, "reason": why, "streams": len(self.state.live), "limit": self.limit,
+                "capacity_estimate": cap.estimate if cap is not None else None,
+                "max_streams": self.state.config.server.max_streams,
+                "parked": self.state.sessions.parked}
+        return response(HTTPStatus.OK if why is None else HTTPStatus.SERVICE_UNAVAILABLE,
+                        (json.dumps(body) + "\n").encode(), "application/json")
+
+    def process_response(self, conn: ServerConnection, request: Request, response: Response) -> Response:
+        """A stream's handshake answer names its session (`X-Streamd-Session`): a load balancer
+        can route a resume of it back here (deploy/haproxy)."""
+        if response.status_code == HTTPStatus.SWITCHING_PROTOCOLS and request.path.startswith(STREAM_PATH):
+            response.headers[SESSION_HEADER] = assign_session_id(conn)
+        return response
 
     @property
     def accepting(self) -> bool:
@@ -148,9 +201,10 @@ class App:
             realtime = ws.request is not None and ws.request.path.split("?", 1)[0] == REALTIME_PATH
             await (RealtimeConnection if realtime else Connection)(ws, self.state).run()
         finally:
-            self.state.live.discard(task)
+            if task in self.state.live:  # not when the connection carried a resume (handler.Connection._carry)
+                self.state.live.discard(task)
+                self.state.metrics.streams_active.dec()
             self.connections.discard(ws)
-            self.state.metrics.streams_active.dec()
 
     async def serve(self, started: asyncio.Future[int] | None = None) -> None:
         """Run until SIGTERM/SIGINT (or `state.shutdown` is set); `started` receives the port."""
@@ -172,7 +226,9 @@ class App:
         try:
             self.state.engine.start()
             await warm_up(self.state.engine)
+            await measure_capacity(self.state)
             async with serve(self.handler, cfg.host, cfg.port, process_request=self.process_request,
+                             process_response=self.process_response,
                              max_size=cfg.max_message_bytes, max_queue=RECEIVE_QUEUE, compression=None,
                              ssl=tls, create_connection=GuardedConnection,
                              open_timeout=cfg.handshake_timeout_s) as server:
