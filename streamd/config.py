@@ -97,14 +97,14 @@ class ServerConfig:
     token_file: Path | None = None
     allowed_origins: tuple[str, ...] = ()
     admission: str = "capacity"
-    admission_utilization: float = 0.8
+    admission_utilization: float = 0.45
     resume_grace_s: float = 30.0
 
     def __post_init__(self) -> None:
         _require(bool(self.host), "server.host", "must not be empty", self.host)
         _require(self.admission in ADMISSION_POLICIES, "server.admission", "must be capacity or max_streams",
                  self.admission)
-        _require(0.05 <= self.admission_utilization <= 4, "server.admission_utilization", "must be in 0.05..4",
+        _require(0.05 <= self.admission_utilization <= 1, "server.admission_utilization", "must be in 0.05..1",
                  self.admission_utilization)
         _require(self.resume_grace_s >= 0, "server.resume_grace_s", "must not be negative", self.resume_grace_s)
         _require(0 <= self.port <= 65535, "server.port", "must be in 0..65535", self.port)
@@ -350,7 +350,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("server", "admission", _to_str,
             "capacity: admit min(max_streams, the real-time estimate) streams; max_streams: max_streams only"),
     Setting("server", "admission_utilization", _to_float,
-            "the share of one chunk's duration a batched step may take in the capacity estimate"),
+            "the share of one chunk's duration a decode step may take in the capacity estimate "
+            "(results come about chunk x (1 + 2 x this) after their audio)"),
     Setting("server", "resume_grace_s", _to_float,
             "keep a stream whose connection dropped this long for its client to resume it (0 = never)"),
     Setting("engine", "model", _to_path, "model file (.nemo or .pt)", "the shipped model"),

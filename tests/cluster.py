@@ -158,9 +158,11 @@ async def cluster(tmp: Path, extra: dict[str, list[str]]) -> AsyncIterator[Clust
             await c.wait_state(d.name, "UP")
         yield c
     finally:
-        if c.proc is not None:
-            if c.proc.returncode is None:
-                c.proc.terminate()
-            _, err = await c.proc.communicate()
-            c.log = err.decode(errors="replace").splitlines()
-        await asyncio.gather(*(d.stop() for d in daemons))
+        try:
+            if c.proc is not None:
+                if c.proc.returncode is None:
+                    c.proc.terminate()
+                _, err = await c.proc.communicate()
+                c.log = err.decode(errors="replace").splitlines()
+        finally:
+            await asyncio.gather(*(d.stop() for d in daemons))

@@ -1,13 +1,18 @@
 """Admission by capacity: how many streams this daemon can serve in real time.
 
-A stream delivers one chunk of audio per `chunk_s`; if every stream is stepped in one batch,
-N streams keep real time while a step of N takes at most one chunk. At warm-up :func:`probe`
-times steps of 1, 4, 16, ... up to `max_streams` streams on the serving device, dtype and chunk
-size; afterwards every live step (its seconds and batch size, from the engine's step observer)
-moves the time of its batch-size bucket (an exponential moving average), so the estimate follows
-the load, a migration, or a busy machine. The estimate is the largest batch whose step time,
-interpolated linearly between buckets (extrapolated past the largest), fits in
-`utilization x chunk_s`. The daemon admits `min(max_streams, estimate)` streams.
+Each stream delivers a chunk every `chunk_s`, at its own phase. The engine steps continuously:
+each step decodes the streams whose chunk became ready during the previous one. With steps of
+B seconds, a step serves N x B / chunk_s streams, and a result comes about chunk + 2B after its
+audio (the chunk, the step in progress, its own step). So N streams keep real time with bounded
+latency when a step of N x B / chunk_s streams takes at most B: N = b(B) x chunk_s / B, where
+b(B) is the largest batch whose step takes at most B = `utilization x chunk_s`.
+
+b(B) comes from measured step times: at warm-up :func:`probe` times steps of 1, 4, 16, ... up to
+`max_streams` streams on the serving device, dtype and chunk size; afterwards every live step
+(its seconds and batch size, from the engine's step observer) moves the time of its batch-size
+bucket (an exponential moving average), so the estimate follows the load, a migration or a busy
+machine. Between buckets the step time is interpolated linearly (extrapolated past the largest).
+The daemon admits `min(max_streams, estimate)` streams.
 """
 from __future__ import annotations
 
@@ -88,7 +93,7 @@ class Capacity:
             for n, seconds in timings:
                 self._buckets[_bucket(n)] = (float(n), seconds)
         self._update()
-        log.info("capacity: %d real-time streams estimated (steps: %s; budget %.0f ms per %.0f ms chunk)",
+        log.info("capacity: %d real-time streams estimated (steps: %s; step budget %.0f ms per %.0f ms chunk)",
                  self.estimate, ", ".join(f"{n}: {s * 1000:.1f} ms" for n, s in timings),
                  self.budget_s * 1000, self.chunk_s * 1000)
 
@@ -112,7 +117,9 @@ class Capacity:
 
     def _update(self) -> None:
         old = self.estimate
-        self.estimate = estimate(self.points(), self.budget_s, MAX_FACTOR * self.max_streams)
+        cap = MAX_FACTOR * self.max_streams
+        batch = estimate(self.points(), self.budget_s, cap)
+        self.estimate = min(cap, math.floor(batch * self.chunk_s / self.budget_s + 1e-9))
         if self.estimate != old and self._on_change is not None:
             self._on_change(self.estimate, self.limit)
 

@@ -75,7 +75,7 @@ def test_an_unknown_session_gets_a_new_one_and_the_client_replays_its_audio() ->
             want, _ = await run_stream(url, PCM)
 
             async def forget(stream: ResumingStream, offset: int) -> None:
-                if offset == 96000:  # the daemon loses the session (as if it were another daemon)
+                if offset == 288000:  # 9 s in, after a final: the daemon loses the session (as another would)
                     app.state.sessions.handoff()
                     await asyncio.sleep(0.2)
             got, stream = await run_stream(url, PCM, pace_s=0.01, hook=forget)
