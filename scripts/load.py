@@ -317,7 +317,8 @@ def summarize(n: int, stats: list[StreamStats], before: dict[str, float], after:
             "partial_latency_s": partial, "final_latency_s": final,
             "lag_s": percentiles([x for s in stats for x in s.lag]),
             "drain_s": percentiles([s.drain for s in stats if s.drain is not None]),
-            "send_late_max_s": late, "server": server}
+            "send_late_max_s": late, "server": server,
+            "capacity_estimate": after.get("streamd_capacity_estimate_streams")}
 
 
 def next_levels(args: argparse.Namespace) -> list[int]:
@@ -336,15 +337,18 @@ def print_row(level: dict[str, Any]) -> None:
     p, f, lag, d = level["partial_latency_s"], level["final_latency_s"], level["lag_s"], level["drain_s"]
     batch = level["server"]["batch_size_mean"]
     step = level["server"]["decode_step_seconds_mean"]
+    est = level["capacity_estimate"]
     print(f"{level['streams']:7d} {level['kept_up']:7d} {fmt(p['p50'])} {fmt(p['p95'])} {fmt(f['p50'])} "
           f"{fmt(f['p95'])} {fmt(lag['p95'])} {fmt(d['max'])} {fmt(level['send_late_max_s'])} "
-          f"{'   -  ' if batch is None else f'{batch:6.1f}'} {fmt(step)}  "
+          f"{'   -  ' if batch is None else f'{batch:6.1f}'} {fmt(step)} "
+          f"{'    -' if est is None else f'{est:5.0f}'}  "
           f"{'ok' if level['passed'] else 'FAIL'}{' (client-bound)' if level['client_bound'] else ''}"
           f"{' ' + level['first_error'] if level['first_error'] else ''}", flush=True)
 
 
-HEADER = ("streams kept_up part50 part95 fin50  fin95  lag95  drainmx late   batch  step_s  result\n"
-          "                (result latency, s)          (s, server-reported lag; client send lateness)")
+HEADER = ("streams kept_up part50 part95 fin50  fin95  lag95  drainmx late   batch  step_s   est  result\n"
+          "                (result latency, s)          (s, server-reported lag; client send lateness)"
+          "          (est: the daemon's capacity estimate after the level)")
 
 
 def machine_info() -> dict[str, Any]:
@@ -411,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
                               "audio": [{"name": a.name, "rate": a.rate, "seconds": round(a.seconds, 3)} for a in audios]}
     try:
         url = daemon.wait_serving() if daemon else args.url.rstrip("/")
+        report["capacity_estimate_at_start"] = scrape(url).get("streamd_capacity_estimate_streams")
         # One stream first: the daemon's placement and chunk size (and a warm-up).
         probe = asyncio.run(run_stream(url, 0, audios[0], looped(audios[0], 2.0), 2.0, args.send_ms / 1000,
                                        time.time()))
@@ -444,7 +449,8 @@ def main(argv: list[str] | None = None) -> int:
         report.update(levels=levels, max_realtime_streams=best, first_failing=worst,
                       max_latency_s=args.max_latency_s, wall_s=round(time.time() - t_begin, 1))
         bound = "" if worst is not None else f" (never failed up to --max-streams {args.max_streams})"
-        print(f"max streams served in real time: {best}{bound}; {report['wall_s']} s")
+        print(f"max streams served in real time: {best}{bound}; the daemon estimated "
+              f"{report['capacity_estimate_at_start']} at warm-up; {report['wall_s']} s")
     finally:
         if pool is not None:
             pool.shutdown()

@@ -72,7 +72,7 @@ def run(command: str, args: Any) -> int:
     if command == "status":
         status, body = request("GET", "/v1/status", **where)
     elif command == "drain":
-        status, body = request("POST", "/v1/drain", {}, **where)
+        status, body = request("POST", "/v1/drain", {"handoff": True} if args.handoff else {}, **where)
     else:
         status, body = request("POST", "/v1/migrate", {"device": args.device, "dtype": args.dtype}, **where)
     if args.json:
@@ -85,8 +85,10 @@ def run(command: str, args: Any) -> int:
 def _summary(command: str, body: dict[str, Any]) -> str:
     if not body.get("ok") and "migration" not in body:
         return f"error: {body.get('error', 'request failed')}"
-    line = (f"{body['model']} on {body['device']} {body['dtype']}: {body['streams']}/{body['capacity']} streams, "
-            f"decoder {body['decoder']}{', draining' if body['draining'] else ''}")
+    line = (f"{body['model']} on {body['device']} {body['dtype']}: {body['streams']}/{body['capacity']} streams "
+            f"(admitting {body['admission_limit']}), decoder {body['decoder']}{', draining' if body['draining'] else ''}")
+    if body.get("handed_off"):
+        line += f"\nhanded off {body['handed_off']} streams"
     mig = body.get("migration") if command == "migrate" else body.get("last_migration")
     if mig:
         res = f"ok, paused {mig['pause_ms']:.1f} ms" if mig["ok"] else f"FAILED: {mig['error']}"

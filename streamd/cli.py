@@ -72,7 +72,9 @@ def _add_admin(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--json", action="store_true", help="print the full JSON answer")
     cmds = p.add_subparsers(dest="admin_command", required=True)
     cmds.add_parser("status", help="device, dtype, streams, capacity, encoder and decoder modes, last migration")
-    cmds.add_parser("drain", help="stop taking new streams; live ones continue")
+    d = cmds.add_parser("drain", help="stop taking new streams; live ones continue")
+    d.add_argument("--handoff", action="store_true",
+                   help="also end every live stream now (close 1012) so that its client resumes it on another daemon")
     m = cmds.add_parser("migrate", help="move the serving model to another device and/or dtype")
     m.add_argument("--device", help="cpu, cuda, cuda:N (default: unchanged)")
     m.add_argument("--dtype", help="fp32, bf16, fp16 (default: unchanged)")

@@ -33,6 +33,7 @@ TORCH_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOG_FORMATS = ("text", "json")
 BACKLOG_POLICIES = ("pace", "close")
+ADMISSION_POLICIES = ("capacity", "max_streams")
 _DEVICE_RE = re.compile(r"auto|cpu|cuda(:\d+)?")
 _ORIGIN_RE = re.compile(r"(https?://[^/\s?#]+|null)")
 
@@ -96,10 +97,18 @@ class ServerConfig:
     token_file: Path | None = None
     allowed_origins: tuple[str, ...] = ()
     workers: int = 0
+    admission: str = "capacity"
+    admission_utilization: float = 0.45
+    resume_grace_s: float = 30.0
 
     def __post_init__(self) -> None:
         _require(bool(self.host), "server.host", "must not be empty", self.host)
         _require(0 <= self.workers <= 256, "server.workers", "must be in 0..256", self.workers)
+        _require(self.admission in ADMISSION_POLICIES, "server.admission", "must be capacity or max_streams",
+                 self.admission)
+        _require(0.05 <= self.admission_utilization <= 1, "server.admission_utilization", "must be in 0.05..1",
+                 self.admission_utilization)
+        _require(self.resume_grace_s >= 0, "server.resume_grace_s", "must not be negative", self.resume_grace_s)
         _require(0 <= self.port <= 65535, "server.port", "must be in 0..65535", self.port)
         _require(self.max_streams >= 1, "server.max_streams", "must be at least 1", self.max_streams)
         _require(self.max_message_bytes >= 1024, "server.max_message_bytes", "must be at least 1024",
@@ -342,6 +351,13 @@ SETTINGS: tuple[Setting, ...] = (
             "the server's own"),
     Setting("server", "workers", _to_int,
             "websocket front-end processes sharing the port (0: one event loop in the engine's process)"),
+    Setting("server", "admission", _to_str,
+            "capacity: admit min(max_streams, the real-time estimate) streams; max_streams: max_streams only"),
+    Setting("server", "admission_utilization", _to_float,
+            "the share of one chunk's duration a decode step may take in the capacity estimate "
+            "(results come about chunk x (1 + 2 x this) after their audio)"),
+    Setting("server", "resume_grace_s", _to_float,
+            "keep a stream whose connection dropped this long for its client to resume it (0 = never)"),
     Setting("engine", "model", _to_path, "model file (.nemo or .pt)", "the shipped model"),
     Setting("engine", "device", _to_str, "auto, cpu, cuda or cuda:N"),
     Setting("engine", "dtype", _to_str, "fp32, bf16 or fp16"),

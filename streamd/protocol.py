@@ -44,6 +44,9 @@ HANDSHAKE_REFUSALS: Mapping[int, tuple[str, str]] = {
 # Error codes that a new connection would only repeat: the client must change, not retry.
 FATAL_ERRORS = frozenset({ProtocolViolation.code, UnsupportedAudio.code,
                           *(code for code, _ in HANDSHAKE_REFUSALS.values())})
+# `streamd admin drain --handoff`: the stream was ended so that it continues on another daemon.
+HANDOFF_CLOSE = 1012
+MAX_SESSION_ID = 64
 
 FinalReason = Literal["endpoint", "max_utterance", "finalize", "end_of_stream"]
 
@@ -79,6 +82,14 @@ class EndpointingOptions:
 
 
 @dataclass(frozen=True)
+class Resume:
+    """``start``'s ``resume``: continue session ``session_id`` after the last message seen."""
+
+    session_id: str
+    last_seq: int
+
+
+@dataclass(frozen=True)
 class Start:
     """First client message: the audio format and the stream options."""
 
@@ -89,6 +100,7 @@ class Start:
     interim_results: bool = True
     word_times: bool = False
     endpointing: EndpointingOptions = EndpointingOptions()
+    resume: Resume | None = None
 
 
 @dataclass(frozen=True)
@@ -144,6 +156,18 @@ class Ready:
 
 
 @dataclass(frozen=True)
+class Resumed:
+    """First message on a connection that resumed a session. Its ``seq`` is the client's
+    ``last_seq``; the results after it follow, then new ones. The client resends its audio
+    from byte ``audio_bytes`` and its ``finalize`` messages after the first ``finalizes``."""
+
+    type: ClassVar[str] = "resumed"
+    session_id: str
+    audio_bytes: int
+    finalizes: int
+
+
+@dataclass(frozen=True)
 class Partial:
     """Interim hypothesis of the current utterance; a later message may revise it."""
 
@@ -195,7 +219,7 @@ class Summary:
     reason: Literal["stop", "shutdown"]
 
 
-ServerMessage = Union[Ready, Partial, Final, Error, Summary]
+ServerMessage = Union[Ready, Resumed, Partial, Final, Error, Summary]
 
 
 # -- parsing client messages --------------------------------------------------------------------
@@ -205,7 +229,7 @@ _T = TypeVar("_T")
 
 _KIND_NAMES: dict[type, str] = {int: "an integer", str: "a string", bool: "true or false"}
 _ENDPOINT_KEYS = tuple(f.name for f in dataclasses.fields(EndpointingConfig))
-_START_KEYS = ("sample_rate", "encoding", "channels", "interim_results", "word_times", "endpointing")
+_START_KEYS = ("sample_rate", "encoding", "channels", "interim_results", "word_times", "endpointing", "resume")
 
 
 def _field(data: Mapping[str, Any], key: str, kind: type[_T], default: _T | None = None) -> _T:
@@ -243,6 +267,19 @@ def _parse_endpointing(value: Any) -> EndpointingOptions:
     return EndpointingOptions(**overrides)
 
 
+def _parse_resume(value: Any) -> Resume | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ProtocolViolation('"resume" must be an object like {"session_id": "...", "last_seq": 7}')
+    _check_keys(value, ("session_id", "last_seq"), '"resume"')
+    session_id = _field(value, "session_id", str)
+    last_seq = _field(value, "last_seq", int)
+    if not 0 < len(session_id) <= MAX_SESSION_ID or last_seq < 0:
+        raise ProtocolViolation(f'"resume" needs a session_id of 1..{MAX_SESSION_ID} characters and a last_seq >= 0')
+    return Resume(session_id, last_seq)
+
+
 def _parse_start(data: Mapping[str, Any]) -> Start:
     _check_keys(data, _START_KEYS, '"start"')
     sample_rate = _field(data, "sample_rate", int)
@@ -256,6 +293,7 @@ def _parse_start(data: Mapping[str, Any]) -> Start:
         interim_results=_field(data, "interim_results", bool, True),
         word_times=_field(data, "word_times", bool, False),
         endpointing=_parse_endpointing(data.get("endpointing", True)),
+        resume=_parse_resume(data.get("resume")),
     )
 
 
@@ -311,6 +349,8 @@ def encode_client_message(message: ClientMessage) -> str:
         elif options != EndpointingOptions():
             body["endpointing"] = {k: getattr(options, k) for k in _ENDPOINT_KEYS
                                    if getattr(options, k) is not None}
+        if message.resume is not None:
+            body["resume"] = {"session_id": message.resume.session_id, "last_seq": message.resume.last_seq}
     return json.dumps(body, separators=(",", ":"))
 
 
@@ -333,7 +373,7 @@ def encode_message(message: ServerMessage, seq: int) -> str:
                       separators=(",", ":"))
 
 
-_SERVER_TYPES: dict[str, type[Any]] = {cls.type: cls for cls in (Ready, Partial, Final, Error, Summary)}
+_SERVER_TYPES: dict[str, type[Any]] = {cls.type: cls for cls in (Ready, Resumed, Partial, Final, Error, Summary)}
 
 
 def parse_server_message(text: str) -> ServerMessage:

@@ -22,7 +22,7 @@ TINY = FIXTURES / "tiny_streaming_fastconformer_rnnt.nemo"
 
 def config(model: Path | None = TINY, admin: AdminConfig | None = None, **server: Any) -> Config:
     """A test daemon on port 0, CPU; `model=None` serves the shipped default model."""
-    base = dict(port=0, max_streams=64, idle_timeout_s=10.0)
+    base = dict(port=0, max_streams=64, idle_timeout_s=10.0, resume_grace_s=1.0)
     base.update(server)
     return Config(server=ServerConfig(**base), engine=EngineConfig(model=model, device="cpu"),
                   admin=admin or AdminConfig(socket=None))

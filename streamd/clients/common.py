@@ -158,6 +158,30 @@ class Session:
         raise ConnectionLost(self.ws.close_code)
 
 
+async def handshake(endpoint: str, cafile: str | None, open_timeout: float, token: str | None) -> ClientConnection:
+    """Open the websocket (with ``Authorization: Bearer token`` if given).
+
+    Raises:
+        ServerBusy: HTTP 503 (full or draining).
+        StreamError: any other refusal.
+        OSError, TimeoutError: the daemon cannot be reached.
+    """
+    try:
+        return await connect(endpoint, ssl=ssl_context(endpoint, cafile), open_timeout=open_timeout,
+                             compression=None, max_size=None,
+                             additional_headers={"Authorization": f"Bearer {token}"} if token else None)
+    except InvalidStatus as e:
+        response = e.response
+        if response.status_code == HTTPStatus.SERVICE_UNAVAILABLE:
+            raise ServerBusy(float(response.headers.get("Retry-After", "1"))) from None
+        if response.status_code in HANDSHAKE_REFUSALS:
+            code, why = HANDSHAKE_REFUSALS[response.status_code]
+            raise StreamError(code, f"HTTP {response.status_code} from {endpoint}: {why}") from None
+        raise StreamError("handshake_refused", f"HTTP {response.status_code} from {endpoint}") from None
+    except InvalidHandshake as e:
+        raise StreamError("handshake_failed", f"{endpoint}: {e}") from None
+
+
 @contextlib.asynccontextmanager
 async def open_stream(url: str, start: Start, cafile: str | None = None,
                       open_timeout: float = 10.0, token: str | None = None) -> AsyncIterator[Session]:
@@ -170,20 +194,7 @@ async def open_stream(url: str, start: Start, cafile: str | None = None,
         OSError, TimeoutError: the daemon cannot be reached.
     """
     endpoint = stream_url(url)
-    try:
-        ws = await connect(endpoint, ssl=ssl_context(endpoint, cafile), open_timeout=open_timeout,
-                           compression=None, max_size=None,
-                           additional_headers={"Authorization": f"Bearer {token}"} if token else None)
-    except InvalidStatus as e:
-        response = e.response
-        if response.status_code == HTTPStatus.SERVICE_UNAVAILABLE:
-            raise ServerBusy(float(response.headers.get("Retry-After", "1"))) from None
-        if response.status_code in HANDSHAKE_REFUSALS:
-            code, why = HANDSHAKE_REFUSALS[response.status_code]
-            raise StreamError(code, f"HTTP {response.status_code} from {endpoint}: {why}") from None
-        raise StreamError("handshake_refused", f"HTTP {response.status_code} from {endpoint}") from None
-    except InvalidHandshake as e:
-        raise StreamError("handshake_failed", f"{endpoint}: {e}") from None
+    ws = await handshake(endpoint, cafile, open_timeout, token)
     try:
         await ws.send(encode_client_message(start))
         try:

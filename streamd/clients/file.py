@@ -8,8 +8,10 @@ the protocol cannot carry is converted here: rates outside 8-48 kHz are resample
 Audio goes out in 100 ms messages, as fast as the daemon accepts them or, with ``realtime``,
 each one when its audio would have been spoken (like a live source). Several files are streamed
 concurrently (``jobs``); results are printed in the order of the files, each as soon as it and
-the ones before it are done. A file whose stream fails for a reason that reconnecting can fix
-(daemon restarting, full, lost connection) is sent again from the start.
+the ones before it are done. A stream whose connection drops (network, daemon killed, drained
+with handoff) resumes on the same daemon or replays to another one with no word lost or repeated
+(`streamd.clients.resume`); a file whose stream fails otherwise for a reason that reconnecting
+can fix (daemon full, overloaded) is sent again from the start.
 """
 from __future__ import annotations
 
@@ -25,9 +27,10 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from streamd.clients.common import DEFAULT_URL, Backoff, Session, open_stream, read_token, retry_delay
+from streamd.clients.common import DEFAULT_URL, Backoff, read_token, retry_delay
 from streamd.clients.output import EXTENSIONS, Transcript, render
 from streamd.clients.progress import Progress
+from streamd.clients.resume import ResumingStream
 from streamd.protocol import MAX_CHANNELS, MAX_SAMPLE_RATE, MIN_SAMPLE_RATE, Final, Start
 
 CHUNK_S = 0.1
@@ -71,7 +74,7 @@ def load_audio(path: str) -> Audio:
     return Audio(np.ascontiguousarray(data).tobytes(), rate, data.shape[1])
 
 
-async def _send(session: Session, audio: Audio, realtime: bool, sent: Callable[[float], None]) -> None:
+async def _send(session: ResumingStream, audio: Audio, realtime: bool, sent: Callable[[float], None]) -> None:
     frame = 2 * audio.channels
     step = round(audio.rate * CHUNK_S) * frame
     clock = asyncio.get_running_loop()
@@ -88,7 +91,7 @@ async def _send(session: Session, audio: Audio, realtime: bool, sent: Callable[[
 async def _stream(audio: Audio, options: Options, sent: Callable[[float], None]) -> list[Final]:
     start = Start(sample_rate=audio.rate, encoding="s16le", channels=audio.channels,
                   interim_results=False, word_times=True)
-    async with open_stream(options.url, start, options.cafile, token=options.token) as session:
+    async with ResumingStream(options.url, start, options.cafile, token=options.token) as session:
         sender = asyncio.create_task(_send(session, audio, options.realtime, sent))
         try:
             finals = [r async for r in session.results() if isinstance(r, Final)]

@@ -7,10 +7,11 @@ declares the native rate in ``start`` and the daemon resamples (soxr, high quali
 whose native rate is above 48 kHz, the protocol's limit, are opened at 48 kHz and PortAudio
 converts.
 
-If the daemon goes away (restart, drain, crash) the client reconnects with exponential backoff;
-audio captured while disconnected is dropped, and times stay relative to the start of
-listening. The first Ctrl-C sends ``stop`` and prints the last finals; a second one quits at
-once.
+If the connection drops (network, daemon restarted, killed or drained with handoff) the client
+reconnects with exponential backoff and resumes the stream (`streamd.clients.resume`): the same
+daemon continues it, another one gets the audio replayed; audio captured meanwhile is kept and
+sent, so no word is lost and times stay relative to the start of listening. The first Ctrl-C
+sends ``stop`` and prints the last finals; a second one quits at once.
 """
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from streamd.clients.common import (Backoff, LiveDisplay, Session, StreamError, open_stream,
-                                    read_token, retry_delay)
+from streamd.clients.common import Backoff, LiveDisplay, StreamError, read_token, retry_delay
+from streamd.clients.resume import ResumingStream
 from streamd.protocol import MAX_SAMPLE_RATE, MIN_SAMPLE_RATE, Final, Start, Summary
 
 BLOCK_S = 0.05  # 50 ms per message
@@ -78,15 +79,14 @@ def capture_rate(device: dict[str, Any], requested: int | None) -> int:
 class Microphone:
     """A 16-bit mono input stream whose blocks are read from the asyncio loop.
 
-    Use as a context manager inside the running loop. :attr:`seconds` is the audio taken from
-    the stream so far (read or discarded): the clock that result times are reported on.
+    Use as a context manager inside the running loop. Every block captured is read: result
+    times are seconds since the device was opened.
     """
 
     def __init__(self, device: dict[str, Any], rate: int, on_status: Callable[[str], None]) -> None:
         self.device, self.rate = device, rate
         self._on_status = on_status
         self._blocks: asyncio.Queue[bytes] = asyncio.Queue()
-        self._frames = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stream: Any = None
 
@@ -116,104 +116,79 @@ class Microphone:
             if status:
                 self._loop.call_soon_threadsafe(self._on_status, f"audio input: {status}")
 
-    @property
-    def seconds(self) -> float:
-        return self._frames / self.rate
-
     async def read(self) -> bytes:
         """The next block (s16le mono)."""
-        block = await self._blocks.get()
-        self._frames += len(block) // 2
-        return block
+        return await self._blocks.get()
 
     def take_pending(self) -> list[bytes]:
         """The blocks captured but not read yet, without waiting."""
         blocks = []
         while not self._blocks.empty():
-            block = self._blocks.get_nowait()
-            self._frames += len(block) // 2
-            blocks.append(block)
+            blocks.append(self._blocks.get_nowait())
         return blocks
 
-    def discard(self) -> float:
-        """Drop the blocks waiting to be read; return their duration in seconds."""
-        return sum(len(b) // 2 for b in self.take_pending()) / self.rate
 
 
-async def _show(session: Session, display: LiveDisplay, offset: float) -> None:
-    async for result in session.results():
+async def _show(stream: ResumingStream, display: LiveDisplay) -> None:
+    async for result in stream.results():
         if isinstance(result, Final):
-            display.final(result.text, offset + result.start, offset + result.end)
+            display.final(result.text, result.start, result.end)
         else:
             display.partial(result.text)
 
 
-async def _send(session: Session, mic: Microphone) -> None:
+async def _send(stream: ResumingStream, mic: Microphone) -> None:
     while True:
-        await session.send_audio(await mic.read())
-
-
-async def _stream(session: Session, mic: Microphone, display: LiveDisplay, stop: asyncio.Event) -> bool:
-    """Stream until ``stop`` is set (True) or the server ends the session (False).
-
-    Raises whatever ended the session abnormally (error message, lost connection).
-    """
-    reader = asyncio.create_task(_show(session, display, mic.seconds))
-    sender = asyncio.create_task(_send(session, mic))
-    stopped = asyncio.create_task(stop.wait())
-    try:
-        await asyncio.wait({reader, sender, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        sender.cancel()
-        if not stopped.done():  # the server ended the stream or the connection broke
-            await reader
-            return False
-        for block in mic.take_pending():
-            await session.send_audio(block)
-        await session.stop()
-        await asyncio.wait_for(reader, STOP_TIMEOUT_S)
-        return True
-    finally:
-        for task in (reader, sender, stopped):
-            task.cancel()
-        await asyncio.gather(reader, sender, stopped, return_exceptions=True)
+        await stream.send_audio(await mic.read())
 
 
 async def listen(url: str, mic: Microphone, display: LiveDisplay, stop: asyncio.Event,
                  cafile: str | None = None, token: str | None = None) -> Summary | None:
-    """Transcribe ``mic`` until ``stop`` is set, reconnecting whenever the daemon goes away.
-
-    Returns the summary of the last session (None if it ended without one).
+    """Transcribe ``mic`` until ``stop`` is set, resuming the stream whenever the connection
+    drops (retrying for as long as it takes); returns the summary.
 
     Raises:
         StreamError: an error that reconnecting cannot fix (e.g. ``unauthorized``).
     """
-    backoff = Backoff()
     start = Start(sample_rate=mic.rate, encoding="s16le", channels=1, interim_results=display.live)
-    reconnecting = False
-    while not stop.is_set():
+    backoff = Backoff()
+    while True:
+        stream = ResumingStream(url, start, cafile, token, on_status=display.status, attempts=None)
         try:
-            async with open_stream(url, start, cafile, token=token) as session:
-                backoff.reset()
-                dropped = mic.discard()  # live audio is not worth sending late
-                if reconnecting:
-                    display.status(f"reconnected; dropped {dropped:.1f} s of audio captured while disconnected")
-                ready = session.ready
-                display.status(f"listening to {mic.device['name']!r} at {mic.rate} Hz; {ready.model} on "
-                               f"{ready.device} ({ready.dtype}); Ctrl-C to stop")
-                if await _stream(session, mic, display, stop):
-                    return session.summary
-            reconnecting = True
-            delay = backoff.next()
-            display.status(f"the daemon ended the stream; reconnecting in {delay:.1f} s")
+            await stream.__aenter__()
+            break
         except Exception as e:
-            maybe = retry_delay(e, backoff)
-            if maybe is None:
+            delay = retry_delay(e, backoff)
+            if delay is None:
                 raise
-            delay, reconnecting = maybe, True
             display.status(f"{url}: {str(e) or type(e).__name__}; reconnecting in {delay:.1f} s")
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), delay)
-    return None
+        if stop.is_set():
+            return None
+    stopped = asyncio.ensure_future(stop.wait())
+    ready = stream.ready
+    assert ready is not None
+    display.status(f"listening to {mic.device['name']!r} at {mic.rate} Hz; {ready.model} on "
+                   f"{ready.device} ({ready.dtype}); Ctrl-C to stop")
+    reader = asyncio.create_task(_show(stream, display))
+    sender = asyncio.create_task(_send(stream, mic))
+    try:
+        await asyncio.wait({reader, sender, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        sender.cancel()
+        if not stopped.done():
+            await reader  # raises what ended the stream
+            return stream.summary
+        for block in mic.take_pending():
+            await stream.send_audio(block)
+        await stream.stop()
+        await asyncio.wait_for(reader, STOP_TIMEOUT_S)
+        return stream.summary
+    finally:
+        for task in (reader, sender, stopped):
+            task.cancel()
+        await asyncio.gather(reader, sender, stopped, return_exceptions=True)
+        await stream.__aexit__(None, None, None)
 
 
 async def _main(args: argparse.Namespace, display: LiveDisplay) -> int:

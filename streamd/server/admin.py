@@ -1,7 +1,7 @@
 """The admin control plane: status, migrate, drain.
 
 Two transports speak the same small HTTP/1.1 JSON API (`GET /v1/status`, `POST /v1/migrate`
-with `{"device": ..., "dtype": ...}`, `POST /v1/drain`):
+with `{"device": ..., "dtype": ...}`, `POST /v1/drain` with optional `{"handoff": true}`):
 - a Unix socket (mode 0600); only peers with the daemon's uid (or root) are served;
 - optionally TCP, where every request needs `Authorization: Bearer <token>` (token from a file).
 The streaming port never reaches any of this.
@@ -54,16 +54,24 @@ class Control:
         rec = self.state.engine.recognizer
         return {"model": self.state.model_name, "device": self.state.device, "dtype": self.state.dtype,
                 "streams": self.state.streams(), "capacity": rec.capacity,
+                "admission_limit": self.state.admission()[0],
+                "capacity_estimate": self.state.admission()[1],
+                "parked": self.state.sessions.parked,
                 "chunk_ms": rec.geometry.chunk_ms, "decoder": getattr(rec.search, "mode", "eager"),
                 "encoder": rec.encoder_step.mode,
                 "draining": self.state.draining, "shutting_down": self.state.shutdown.is_set(),
                 "last_migration": self.last_migration.as_dict() if self.last_migration else None}
 
-    def drain(self) -> dict[str, Any]:
+    def drain(self, handoff: bool = False) -> dict[str, Any]:
+        """No new streams. With `handoff`, every live stream is also closed with code 1012 at
+        once, for its client to resume it on another daemon (docs/protocol.md, Resume)."""
         self.state.draining = True
         self.state.changed()
         log.info("admin: draining (no new streams; %d live)", self.state.streams())
-        return self.status()
+        handed = self.state.hand_off() if handoff else 0
+        if handoff:
+            log.info("admin: handed off %d streams", handed)
+        return {**self.status(), "handed_off": handed}
 
     async def migrate(self, device: str | None, dtype: str | None) -> MigrationReport:
         async with self._lock:
@@ -167,7 +175,7 @@ class AdminServer:
         if (method, path) == ("GET", "/v1/status"):
             return HTTPStatus.OK, {"ok": True, **self.control.status()}
         if (method, path) == ("POST", "/v1/drain"):
-            return HTTPStatus.OK, {"ok": True, **self.control.drain()}
+            return HTTPStatus.OK, {"ok": True, **self.control.drain(drain_args(body))}
         if (method, path) == ("POST", "/v1/migrate"):
             device, dtype = migrate_args(body)
             report = await self.control.migrate(device, dtype)
@@ -249,6 +257,21 @@ def migrate_args(body: bytes) -> tuple[str | None, str | None]:
     if args.get("device") is None and args.get("dtype") is None:
         raise BadRequest('give "device", "dtype" or both')
     return args.get("device"), args.get("dtype")
+
+
+def drain_args(body: bytes) -> bool:
+    """`handoff` from a drain body: `{}` or `{"handoff": true|false}` (an empty body is `{}`).
+
+    Raises:
+        BadRequest: not such an object.
+    """
+    try:
+        args = json.loads(body or b"{}")
+    except (ValueError, RecursionError):
+        raise BadRequest("the body must be a JSON object") from None
+    if not isinstance(args, dict) or set(args) - {"handoff"} or not isinstance(args.get("handoff", False), bool):
+        raise BadRequest(f'the body must be {{}} or {{"handoff": true}}, got {echo(args)}')
+    return bool(args.get("handoff", False))
 
 
 def claim_socket_path(path: Path) -> None:

@@ -24,10 +24,12 @@ from streamd.engine.scheduler import Engine
 from streamd.model.checkpoint import load_model, resolve_model_path
 from streamd.protocol import STREAM_PATH
 from streamd.server.admin import AdminServer, Control
+from streamd.server.admission import Capacity, probe, probe_sizes
 from streamd.server.front import Front
 from streamd.server.frontends import FrontEnds
 from streamd.server.handler import ServerState
 from streamd.server.metrics import Metrics
+from streamd.server.resume import Sessions
 
 log = logging.getLogger("streamd.server")
 # CUDA-graph decoders per octave of batch sizes: a step of few streams does not pay for capacity.
@@ -52,12 +54,23 @@ def build_state(cfg: Config, metrics: Metrics) -> ServerState:
                      encoder_factory=lambda m: make_encoder_step(m, mode, capacity, graph_fallback))
     chunk_s = rec.geometry.chunk_ms / 1000
 
+    def capacity_changed(estimate: int, limit: int) -> None:
+        metrics.capacity_estimate.set(estimate)
+        metrics.capacity.set(limit)
+
+    s = cfg.server
+    admission = Capacity(chunk_s, s.max_streams, s.admission_utilization, s.admission == "capacity",
+                         capacity_changed)
+    capacity_changed(admission.estimate, admission.limit)
+
     def on_step(seconds: float, batch: int) -> None:
         metrics.observe_step(seconds, batch, chunk_s)
+        admission.observe(seconds, batch)
 
     engine = Engine(rec, cfg.server.max_streams, e.batch_wait_ms / 1000, on_step)
     metrics.set_model(loaded.name, str(device), DTYPE_NAMES[dtype])
-    return ServerState(cfg, loaded.tokenizer, metrics, loaded.name, engine=engine, master=loaded.model)
+    return ServerState(cfg, loaded.tokenizer, metrics, loaded.name, engine=engine, master=loaded.model,
+                       sessions=Sessions(s.resume_grace_s), capacity=admission)
 
 
 async def warm_up(engine: Engine) -> None:
@@ -74,6 +87,14 @@ async def warm_up(engine: Engine) -> None:
         sizes = await engine.call(lambda r: r.capture_graphs(engine.max_batch))
         log.info("captured CUDA graphs for %d batch sizes up to %d in %.1f s", len(sizes), max(sizes, default=0),
                  time.perf_counter() - t0)
+
+
+async def measure_capacity(state: ServerState) -> None:
+    """Time batched steps at warm-up: the first capacity estimate (see streamd.server.admission),
+    measured (and exported) even when `admission = "max_streams"` does not enforce it."""
+    if state.capacity is not None:
+        sizes = probe_sizes(state.config.server.max_streams)
+        state.capacity.seed(await state.engine.call(lambda rec: probe(rec, sizes)))
 
 
 class App:
@@ -109,6 +130,7 @@ class App:
         try:
             self.state.engine.start()
             await warm_up(self.state.engine)
+            await measure_capacity(self.state)
             async with contextlib.AsyncExitStack() as stack:
                 if cfg.workers:
                     self.fronts = FrontEnds(self.state, cfg.workers)

@@ -4,6 +4,7 @@ process (`server/worker.py`)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import socket
 import ssl
@@ -22,6 +23,7 @@ from streamd.server.handler import Connection, StreamContext
 from streamd.server.http import GuardedConnection, quiet_client_handshake_faults, response, without_body
 from streamd.server.metrics import CONTENT_TYPE
 from streamd.server.realtime import RealtimeConnection
+from streamd.server.resume import SESSION_HEADER, assign_session_id
 from streamd.server.secrets import read_token, warn_if_exposed
 
 log = logging.getLogger("streamd.server")
@@ -65,9 +67,7 @@ class Front:
         if path == "/livez":
             return response(HTTPStatus.OK, b"ok\n")
         if path == "/readyz":
-            if self.accepting and not self.state.cutting_over:
-                return response(HTTPStatus.OK, b"ready\n")
-            return response(HTTPStatus.SERVICE_UNAVAILABLE, b"not ready\n")
+            return self._readyz()
         if path == "/metrics":
             text = await self.metrics_text() if self.metrics_text else self.state.metrics.render()
             return response(HTTPStatus.OK, text, CONTENT_TYPE)
@@ -83,10 +83,41 @@ class Front:
         if not self.accepting:
             self.state.metrics.rejections.labels(reason="draining").inc()
             return response(HTTPStatus.SERVICE_UNAVAILABLE, b"draining\n", extra={"Retry-After": "5"})
-        if self.state.streams() >= self.state.config.server.max_streams:
+        if self.full:
             self.state.metrics.rejections.labels(reason="overloaded").inc()
             return response(HTTPStatus.SERVICE_UNAVAILABLE, b"at capacity\n", extra={"Retry-After": "1"})
+        if self.state.streams() >= self.limit:
+            self.state.sessions.evict()  # a stream whose client is gone makes room
         return None
+
+    @property
+    def limit(self) -> int:
+        """Streams admitted: min(max_streams, the real-time estimate) (streamd.server.admission)."""
+        return self.state.admission()[0]
+
+    @property
+    def full(self) -> bool:
+        """No room for a new stream, even in place of a parked one."""
+        return self.state.streams() - self.state.sessions.parked >= self.limit
+
+    def _readyz(self) -> Response:
+        """200 while new streams are taken; 503 while loading, draining, cutting over or full (a
+        load balancer then sends streams elsewhere). The body says why, with the counts."""
+        why = ("loading" if not self.ready else "draining" if not self.accepting else
+               "cutting over" if self.state.cutting_over else "full" if self.full else None)
+        limit, estimate = self.state.admission()
+        body = {"ready": why is None, "reason": why, "streams": self.state.streams(), "limit": limit,
+                "capacity_estimate": estimate, "max_streams": self.state.config.server.max_streams,
+                "parked": self.state.sessions.parked}
+        return response(HTTPStatus.OK if why is None else HTTPStatus.SERVICE_UNAVAILABLE,
+                        (json.dumps(body) + "\n").encode(), "application/json")
+
+    def process_response(self, conn: ServerConnection, request: Request, response: Response) -> Response:
+        """A stream's handshake answer names its session (`X-Streamd-Session`): a load balancer
+        can route a resume of it back here (deploy/haproxy)."""
+        if response.status_code == HTTPStatus.SWITCHING_PROTOCOLS and request.path.startswith(STREAM_PATH):
+            response.headers[SESSION_HEADER] = assign_session_id(conn)
+        return response
 
     @property
     def accepting(self) -> bool:
@@ -105,10 +136,11 @@ class Front:
             realtime = ws.request is not None and ws.request.path.split("?", 1)[0] == REALTIME_PATH
             await (RealtimeConnection if realtime else Connection)(ws, self.state).run()
         finally:
-            self.state.live.discard(task)
+            if task in self.state.live:  # not when the connection carried a resume (handler.Connection._carry)
+                self.state.live.discard(task)
+                self.state.metrics.streams_active.dec()
             self.state.count_live()
             self.connections.discard(ws)
-            self.state.metrics.streams_active.dec()
 
     def listen(self, sock: socket.socket | None = None) -> AbstractAsyncContextManager[Server]:
         """The websocket server (an async context manager): on `sock` if given (a front-end
@@ -116,6 +148,7 @@ class Front:
         cfg = self.state.config.server
         where: dict[str, Any] = {"sock": sock} if sock is not None else {"host": cfg.host, "port": cfg.port}
         return serve(self.handler, **where, process_request=self.process_request,
+                     process_response=self.process_response,
                      max_size=cfg.max_message_bytes, max_queue=RECEIVE_QUEUE, compression=None,
                      ssl=_tls_context(cfg.tls_cert, cfg.tls_key), create_connection=GuardedConnection,
                      open_timeout=cfg.handshake_timeout_s)

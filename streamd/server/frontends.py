@@ -14,8 +14,8 @@ Pipe messages are lists of tuples; worker -> engine:
   ("metrics", families) ("metrics_text", request) ("up", pid)
 engine -> worker:
   ("opened", sid, error or None) ("result", sid, tokens, times, frame_start, frame_end)
-  ("failed", sid, message) ("done", sid) ("status", EngineStatus, draining, cutting_over)
-  ("metrics_text", request, bytes) ("shutdown",)
+  ("failed", sid, message) ("done", sid) ("metrics_text", request, bytes) ("handoff",) ("shutdown",)
+  ("status", EngineStatus, draining, cutting_over, (admitted streams, capacity estimate))
 """
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ from streamd.server.handler import Census, ServerState
 
 log = logging.getLogger("streamd.server")
 START_TIMEOUT_S = 120.0  # a front end imports torch and websockets before it listens
+PUBLISH_S = 0.5  # how often a changed status (the admission estimate moves with step times) goes out
 Message = tuple[Any, ...]
 
 
@@ -186,6 +187,7 @@ class FrontEnds:
         self.port = 0
         self._reserved: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._publisher: asyncio.Task[None] | None = None
         self._stopping = False
 
     async def start(self) -> int:
@@ -196,10 +198,12 @@ class FrontEnds:
         self.port = int(self._reserved.getsockname()[1])
         self.state.census = self.census
         self.state.listeners.append(self.publish)
+        self.state.handoff_hooks.append(self.hand_off)
         self.bridges = [self._spawn(i) for i in range(self.workers)]
         pids = await asyncio.wait_for(asyncio.gather(*(asyncio.wrap_future(b.up) for b in self.bridges)),
                                       START_TIMEOUT_S)
         log.info("%d front-end processes listening (pids %s)", self.workers, " ".join(map(str, pids)))
+        self._publisher = asyncio.create_task(self._publish_changes())
         return self.port
 
     def _spawn(self, index: int) -> Bridge:
@@ -234,7 +238,22 @@ class FrontEnds:
         self.bridges[bridge.index] = self._spawn(bridge.index)
 
     def _status(self) -> Message:
-        return ("status", self.state.engine.status, self.state.draining, self.state.cutting_over)
+        return ("status", self.state.engine.status, self.state.draining, self.state.cutting_over,
+                self.state.admission())
+
+    async def _publish_changes(self) -> None:
+        last: Message = ()
+        while True:
+            if (now := self._status()) != last:
+                self.publish()
+                last = now
+            await asyncio.sleep(PUBLISH_S)
+
+    def hand_off(self) -> int:
+        """Every front end closes its streams with the handoff code; returns how many were open."""
+        for b in self.bridges:
+            b.send([("handoff",)])
+        return self.census.total()
 
     def publish(self) -> None:
         """Send every front end the engine's status and the daemon's draining / cut-over flags."""
@@ -245,6 +264,8 @@ class FrontEnds:
     async def stop(self) -> None:
         """Shut the front ends down: each drains its streams (drain_timeout_s), then exits."""
         self._stopping = True
+        if self._publisher is not None:
+            self._publisher.cancel()
         for b in self.bridges:
             b.send([("shutdown",)])
         wait_s = self.state.config.server.drain_timeout_s + 2 * self.state.config.server.send_timeout_s
@@ -253,6 +274,8 @@ class FrontEnds:
     async def kill(self) -> None:
         """Whatever is still running after `stop` (or a failed start) is terminated."""
         self._stopping = True
+        if self._publisher is not None:
+            self._publisher.cancel()
         for b in self.bridges:
             if b.process.is_alive():
                 log.warning("front end %d did not exit: terminating it", b.index)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +29,9 @@ from streamd.model.transducer import Transducer
 from streamd.errors import (BacklogExceeded, IdleTimeout, InternalError, Overloaded, SessionExpired, SlowConsumer,
                             StreamdError)
 from streamd import protocol as p
+from streamd.server.admission import Capacity
 from streamd.server.metrics import Metrics
+from streamd.server.resume import Attach, ResumeState, Sessions, session_id_of
 
 log = logging.getLogger("streamd.server")
 
@@ -65,6 +66,10 @@ class StreamContext:
     census: Census | None = None  # with front-end processes: the daemon's streams
     census_slot: int = 0  # this process's slot in `census`
     listeners: list[Callable[[], None]] = field(default_factory=list)  # told of `changed()`
+    sessions: Sessions = field(default_factory=lambda: Sessions(0.0))  # resumable streams (resume.py)
+    capacity: Capacity | None = None  # admission by measured capacity (admission.py), engine's process
+    published: tuple[int, int | None] | None = None  # a front end: (limit, estimate) the engine's process sent
+    handoff_hooks: list[Callable[[], int]] = field(default_factory=list)  # front ends: hand their streams off
 
     @property
     def device(self) -> str:
@@ -82,6 +87,15 @@ class StreamContext:
     def chunk_ms(self) -> int:
         return self.engine.status.geometry.chunk_ms
 
+    def admission(self) -> tuple[int, int | None]:
+        """(streams admitted, the real-time capacity estimate): min(max_streams, the estimate) with
+        admission by capacity (streamd.server.admission), else max_streams."""
+        if self.capacity is not None:
+            return self.capacity.limit, self.capacity.estimate
+        if self.published is not None:
+            return self.published
+        return self.config.server.max_streams, None
+
     def streams(self) -> int:
         """Open streams of the whole daemon."""
         return self.census.total() if self.census is not None else len(self.live)
@@ -90,6 +104,11 @@ class StreamContext:
         """Publish this process's open streams (after `live` changed)."""
         if self.census is not None:
             self.census.set(self.census_slot, len(self.live))
+
+    def hand_off(self) -> int:
+        """Close every live stream with the handoff code, for its client to resume it elsewhere
+        (this process's and every front end's); returns how many."""
+        return self.sessions.handoff() + sum(hook() for hook in self.handoff_hooks)
 
     def changed(self) -> None:
         """Draining, cutting over, device or dtype changed: tell the listeners (front ends)."""
@@ -117,7 +136,15 @@ class Connection:
     def __init__(self, ws: ServerConnection, state: StreamContext) -> None:
         self.ws, self.state = ws, state
         self.proto = p.SessionProtocol()
-        self.id = uuid.uuid4().hex[:12]
+        self.id = session_id_of(ws)
+        # Resume (streamd.server.resume): native streams record what they send once `start` is
+        # taken; a dropped connection parks the stream for a client that resumes it.
+        self.resume = ResumeState(self.id)
+        self.resumable = False
+        self.handed_off = False
+        self._attached: Attach | None = None  # the connection a resume handed over, if any
+        self._send_lock = asyncio.Lock()
+        self._handoff_task: asyncio.Task[None] | None = None
         self.segments: asyncio.Queue[Segment | None] = asyncio.Queue()
         self.opened: list[Segment] = []  # every segment of the stream, closed when it ends
         self.utterance = 0
@@ -153,6 +180,10 @@ class Connection:
             await self._fail(InternalError(f"internal error: {type(e).__name__}"))
         finally:
             watcher.cancel()
+            if self.resumable:
+                self.state.sessions.remove(self.id)
+            if self._attached is not None:
+                self._attached.release()
             log.info("disconnect %s (%s) after %.1f s of audio", self.id, reason, self.samples_in / self.rate)
 
     async def _watch_shutdown(self) -> None:
@@ -172,15 +203,23 @@ class Connection:
         assert isinstance(first, str)
         msg = self.proto.receive_text(first)
         assert isinstance(msg, p.Start)
+        if msg.resume is not None:
+            attach = self.state.sessions.resume(msg.resume.session_id, self.ws, msg.resume.last_seq)
+            self.state.metrics.resumes.labels(result="resumed" if attach else "fresh").inc()
+            if attach is not None:
+                return await self._carry(attach)
         self.start = msg
         pcm = PcmDecoder(msg.sample_rate, msg.encoding, msg.channels, model_rate=self.rate)
         rules = msg.endpointing.resolve(self.state.config.endpointing)
         segment = await self._open_segment(0.0)
         sender: asyncio.Task[None] | None = None
         try:
+            self.resumable = self.state.sessions.grace_s > 0
             await self._send(p.Ready(self.id, self.state.model_name, self.state.device, self.state.dtype,
                                      self.state.chunk_ms, msg.sample_rate, rules,
                                      cfg.idle_timeout_s, cfg.max_session_s))
+            if self.resumable:
+                self.state.sessions.add(self.resume, self._drop, self._handoff)
             sender = asyncio.create_task(self._sender(rules))
             sender.add_done_callback(self._sender_done)
             reason, segment = await self._receive_loop(pcm, segment, sender)
@@ -222,6 +261,7 @@ class Connection:
                 return "shutdown", segment
             if isinstance(data, bytes):
                 self.proto.receive_audio()
+                self.resume.audio_bytes += len(data)
                 self._push(segment, pcm.feed(data))
                 if self.backlog_s > self.backlog_limit_s and not await self._hold_backlog(sender):
                     return "shutdown", segment
@@ -230,6 +270,7 @@ class Connection:
             if isinstance(msg, p.Stop):
                 return "stop", segment
             if isinstance(msg, p.Finalize):
+                self.resume.finalizes += 1
                 segment.end_reason = "finalize"
                 self.state.engine.end(segment.session)
                 segment = await self._open_segment(self.samples_in / self.rate, after=segment)
@@ -299,6 +340,16 @@ class Connection:
         await sender
 
     async def _recv(self, timeout: float, allow_shutdown: bool = False) -> str | bytes | None:
+        """The next client message; None once the server shuts down (with `allow_shutdown`). A
+        resumable stream whose connection drops waits for its client to resume it first."""
+        while True:
+            try:
+                return await self._recv_one(timeout, allow_shutdown)
+            except ConnectionClosed:
+                if not await self._reattach():
+                    raise
+
+    async def _recv_one(self, timeout: float, allow_shutdown: bool) -> str | bytes | None:
         """The next client message; None once the server shuts down (with `allow_shutdown`).
 
         One timer per message and no extra task: this runs for every audio frame.
@@ -374,7 +425,68 @@ class Connection:
         await self._send(result)
 
     async def _send(self, msg: p.ServerMessage) -> None:
-        await self._send_text(self.proto.encode(msg))
+        async with self._send_lock:
+            text = self.proto.encode(msg)
+            if not self.resumable:
+                await self._send_text(text)
+                return
+            self.resume.record(self.proto.seq - 1, text)
+            try:
+                await self._send_text(text)
+            except ConnectionClosed:
+                pass  # kept for a resume; the receive side notices the drop
+
+    # -- resume (streamd.server.resume) --------------------------------------------------------
+    async def _carry(self, attach: Attach) -> str:
+        """This connection resumed a parked session, which now uses it: wait until it lets go.
+        It is not a stream of its own."""
+        task = asyncio.current_task()
+        if task is not None and task in self.state.live:
+            self.state.live.discard(task)
+            self.state.count_live()
+            self.state.metrics.streams_active.dec()
+        log.info("connection %s resumes session %s", self.id, attach.session_id)
+        await attach.done
+        return "resumed " + attach.session_id
+
+    async def _reattach(self) -> bool:
+        """The connection dropped: park the stream until its client resumes it (True), or give
+        up after the grace period, on shutdown, drain or handoff (False)."""
+        while self.resumable and not (self.handed_off or self.state.draining or self.state.shutdown.is_set()):
+            if self._attached is not None:
+                self._attached.release()
+                self._attached = None
+            log.info("connection %s parked (%d s grace)", self.id, self.state.sessions.grace_s)
+            attach = await self.state.sessions.wait_resume(self.id, self.state.shutdown)
+            if attach is None:
+                return False
+            async with self._send_lock:
+                replay = self.resume.after(attach.last_seq)
+                if replay is None:
+                    attach.release()
+                    return False
+                self.ws, self._attached = attach.ws, attach
+                resumed = p.Resumed(self.id, self.resume.audio_bytes, self.resume.finalizes)
+                try:
+                    await self._send_text(p.encode_message(resumed, attach.last_seq))
+                    for text in replay:
+                        await self._send_text(text)
+                except ConnectionClosed:
+                    continue  # the new connection is gone too: park again
+            log.info("connection %s resumed after seq %d (%d messages replayed)", self.id, attach.last_seq, len(replay))
+            return True
+        return False
+
+    def _drop(self) -> None:
+        """Abort the current connection (a resume came while it still looked alive)."""
+        self.ws.transport.abort()
+
+    def _handoff(self) -> None:
+        """End this stream's connection with the handoff close code; it is not parked."""
+        self.handed_off = True
+        if self._handoff_task is None:
+            self.state.metrics.resumes.labels(result="handoff").inc()
+            self._handoff_task = asyncio.ensure_future(self._close(p.HANDOFF_CLOSE, "handoff: resume elsewhere"))
 
     async def _send_text(self, text: str) -> None:
         """Send one message; a client that has not taken it within send_timeout_s is too slow.

@@ -31,6 +31,7 @@ REJECTION_REASONS = ("overloaded", "draining", "unauthorized", "origin", "bad_re
 MIGRATION_RESULTS = ("ok", "failed")
 ENDPOINT_RULES = ("silence_after_speech", "silence_without_speech", "max_utterance")
 BACKLOG_ACTIONS = ("paced", "closed")
+RESUME_RESULTS = ("resumed", "fresh", "handoff")
 
 _LATENCY_BUCKETS = (0.08, 0.16, 0.24, 0.32, 0.48, 0.64, 0.96, 1.28, 1.92, 2.56, 3.84, 5.12, 10.24)
 _STEP_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
@@ -89,12 +90,23 @@ class Metrics:
         self.migration_pause = Histogram(
             "migration_pause_seconds", "Time streams were paused during a migration.",
             namespace=ns, registry=r, buckets=_PAUSE_BUCKETS)
+        self.capacity_estimate = Gauge(
+            "capacity_estimate_streams", "Streams this daemon can serve in real time: the largest batch "
+            "whose step time fits the admission budget (warm-up probe, then live steps).",
+            namespace=ns, registry=r)
+        self.capacity = Gauge("capacity_streams", "Streams admitted now: min(max_streams, the estimate).",
+                              namespace=ns, registry=r)
+        self.resumes = Counter(
+            "resumes", "Resume requests by result (resumed: the session continued here; fresh: unknown or "
+            "expired, a new session was started) and streams ended by a handoff.", ["result"],
+            namespace=ns, registry=r)
         # Recorded by connections: in a front-end process (`server/worker.py`) these are sent to
         # the engine's process, whose /metrics adds them to its own.
         self.front = (self.streams_active, self.connections, self.rejections, self.audio_seconds,
                       self.partial_latency, self.final_latency, self.backlog, self.endpoints)
         self._remote: dict[int, list[Metric]] = {}
         for counter, labels in ((self.rejections, REJECTION_REASONS),
+                                (self.resumes, RESUME_RESULTS),
                                 (self.endpoints, ENDPOINT_RULES),
                                 (self.backlog, BACKLOG_ACTIONS),
                                 (self.migrations, MIGRATION_RESULTS)):

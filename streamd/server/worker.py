@@ -24,6 +24,7 @@ from streamd.server.front import Front
 from streamd.server.frontends import Message, WorkerSpec, listening_socket
 from streamd.server.handler import Census, StreamContext
 from streamd.server.metrics import Metrics
+from streamd.server.resume import Sessions
 
 log = logging.getLogger("streamd.server")
 METRICS_PUSH_S = 1.0  # how often the connection-side metrics go to the engine's process
@@ -41,7 +42,8 @@ def run(spec: WorkerSpec) -> None:
 async def _serve(spec: WorkerSpec) -> None:
     engine = RemoteEngine(spec.conn, spec.status)
     state = StreamContext(spec.config, engine, Tokenizer(spec.tokenizer), Metrics(process=False),
-                          spec.model_name, census=Census(spec.census), census_slot=spec.index)
+                          spec.model_name, census=Census(spec.census), census_slot=spec.index,
+                          sessions=Sessions(spec.config.server.resume_grace_s))
     engine.start(state)
     front = Front(state, metrics_text=engine.metrics_text)
     sock = listening_socket(spec.config.server.host, spec.port)
@@ -194,7 +196,10 @@ class RemoteEngine:
             elif kind == "opened":
                 self._opened(m[1], m[2])
             elif kind == "status":
-                self._on_status(m[1], m[2], m[3])
+                self._on_status(m[1], m[2], m[3], m[4])
+            elif kind == "handoff":
+                assert self._state is not None
+                self._state.sessions.handoff()
             elif kind == "metrics_text":
                 if (fut := self._texts.get(m[1])) is not None and not fut.done():
                     fut.set_result(m[2])
@@ -209,10 +214,12 @@ class RemoteEngine:
         elif error is None:  # its connection went away while it waited: give the slot back
             self.post(("close", sid))
 
-    def _on_status(self, status: EngineStatus, draining: bool, cutting_over: bool) -> None:
+    def _on_status(self, status: EngineStatus, draining: bool, cutting_over: bool,
+                   admission: tuple[int, int | None]) -> None:
         assert self._state is not None
         self._status = status
         self._state.draining, self._state.cutting_over = draining, cutting_over
+        self._state.published = admission
 
     def _lost(self) -> None:
         """The engine's process is gone: every stream fails, and this process shuts down."""

@@ -1,0 +1,181 @@
+"""Sessions that survive a dropped connection (same daemon).
+
+Every native stream has a session id, chosen when its handshake is answered (and sent in the
+`X-Streamd-Session` response header, so that a load balancer can route a resume back here).
+While the stream lives, :class:`ResumeState` keeps what a reconnecting client needs: the
+messages sent (a ring of `RING` messages, with their `seq`), the audio bytes and `finalize`
+messages received. It is plain data, without a socket.
+
+When the connection drops, the stream is *parked*: decoding goes on, its results go to the ring
+only, and :meth:`Sessions.wait_resume` waits up to `grace_s` for a client that sends
+`start` with `resume: {session_id, last_seq}`. That connection is handed to the parked stream,
+which replays the messages after `last_seq` and reads on. No client within the grace period:
+the stream ends as if the client had gone. A parked stream keeps its slot, but a new stream that
+finds the daemon full takes the slot of the one parked longest (:meth:`Sessions.evict`).
+"""
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from websockets.asyncio.server import ServerConnection
+
+SESSION_HEADER = "X-Streamd-Session"
+RING = 4096  # messages kept per session for a replay
+
+_session_ids: weakref.WeakKeyDictionary[ServerConnection, str] = weakref.WeakKeyDictionary()
+
+
+def assign_session_id(conn: ServerConnection) -> str:
+    """A new unguessable session id for the connection being handshaken (64 random bits)."""
+    sid = secrets.token_hex(8)
+    _session_ids[conn] = sid
+    return sid
+
+
+def session_id_of(conn: ServerConnection) -> str:
+    """The id assigned at the handshake (a fresh one for connections made without it)."""
+    return _session_ids.get(conn) or assign_session_id(conn)
+
+
+@dataclass
+class ResumeState:
+    """What resuming a session needs: plain data, no socket."""
+
+    session_id: str
+    audio_bytes: int = 0  # audio bytes received from the client, over all its connections
+    finalizes: int = 0  # `finalize` messages received
+    sent: deque[tuple[int, str]] = field(default_factory=lambda: deque(maxlen=RING))
+
+    def record(self, seq: int, text: str) -> None:
+        """Keep a message sent (or meant to be sent) to the client."""
+        self.sent.append((seq, text))
+
+    def after(self, last_seq: int) -> list[str] | None:
+        """The messages after `last_seq`, or None when some of them are no longer kept (or
+        `last_seq` was never sent)."""
+        if not self.sent:
+            return None
+        first, last = self.sent[0][0], self.sent[-1][0]
+        if not first - 1 <= last_seq <= last:
+            return None
+        return [text for seq, text in self.sent if seq > last_seq]
+
+
+@dataclass(eq=False)
+class Attach:
+    """A new connection handed to a parked session; `done` is set when the session lets go of it."""
+
+    session_id: str
+    ws: ServerConnection
+    last_seq: int
+    done: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+    def release(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+@dataclass(eq=False)
+class _Entry:
+    state: ResumeState
+    drop: Callable[[], None]  # abort the session's current connection
+    handoff: Callable[[], None]  # close it with the handoff code, not to be resumed here
+    waiting: asyncio.Future[None] | None = None
+    pending: Attach | None = None
+    parked_at: float = 0.0
+
+
+class Sessions:
+    """The resumable sessions of this daemon, by id."""
+
+    def __init__(self, grace_s: float) -> None:
+        self.grace_s = grace_s
+        self._entries: dict[str, _Entry] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def parked(self) -> int:
+        """Sessions whose connection is gone, waiting for their client."""
+        return sum(1 for e in self._entries.values() if e.waiting is not None)
+
+    def add(self, state: ResumeState, drop: Callable[[], None], handoff: Callable[[], None]) -> None:
+        self._entries[state.session_id] = _Entry(state, drop, handoff)
+
+    def remove(self, session_id: str) -> None:
+        entry = self._entries.pop(session_id, None)
+        if entry is not None and entry.pending is not None:
+            entry.pending.release()
+
+    def resume(self, session_id: str, ws: ServerConnection, last_seq: int) -> Attach | None:
+        """Hand `ws` to session `session_id`; None if there is no such session here or the
+        messages after `last_seq` are no longer kept (the session is then ended)."""
+        entry = self._entries.get(session_id)
+        if entry is None:
+            return None
+        if entry.state.after(last_seq) is None:  # the client will start over: end the session
+            self._forget(entry)
+            entry.drop()
+            return None
+        attach = Attach(session_id, ws, last_seq)
+        if entry.pending is not None:  # a second reconnect before the first was taken: the newer wins
+            entry.pending.release()
+        entry.pending = attach
+        if entry.waiting is not None and not entry.waiting.done():
+            entry.waiting.set_result(None)  # wake the parked session: it takes `pending`
+        else:
+            entry.drop()  # the old connection is dead but not noticed yet
+        return attach
+
+    async def wait_resume(self, session_id: str, shutdown: asyncio.Event) -> Attach | None:
+        """Park session `session_id` until a client resumes it; None after `grace_s`, on
+        shutdown, or if the session cannot be resumed."""
+        entry = self._entries.get(session_id)
+        if entry is None:
+            return None
+        if entry.pending is None:
+            waiting: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            entry.waiting, entry.parked_at = waiting, time.monotonic()
+            stop: asyncio.Future[Any] = asyncio.ensure_future(shutdown.wait())
+            try:
+                await asyncio.wait({waiting, stop}, timeout=self.grace_s, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stop.cancel()
+                entry.waiting = None
+        attach, entry.pending = entry.pending, None
+        return attach
+
+    def evict(self) -> bool:
+        """End the session parked longest (its client has not come back) to make room for a new
+        stream; False if none is parked."""
+        parked = [e for e in self._entries.values() if e.waiting is not None and not e.waiting.done()]
+        if not parked:
+            return False
+        self._forget(min(parked, key=lambda e: e.parked_at))
+        return True
+
+    def handoff(self) -> int:
+        """End every session's connection with the handoff code; returns how many."""
+        entries = list(self._entries.values())
+        for entry in entries:
+            self._end(entry)
+        return len(entries)
+
+    def _end(self, entry: _Entry) -> None:
+        """The session is not to be resumed here: it ends when its connection does."""
+        self._forget(entry)
+        entry.handoff()
+
+    def _forget(self, entry: _Entry) -> None:
+        """No resume of this session from now on; a parked one ends."""
+        self._entries.pop(entry.state.session_id, None)
+        if entry.waiting is not None and not entry.waiting.done():
+            entry.waiting.set_result(None)

@@ -1,0 +1,200 @@
+"""Resume after a dropped connection, on one daemon (no load balancer): the raw protocol
+(`resume` in `start`, the `resumed` answer, the replay after `last_seq`), the client library
+(`ResumingStream`: resend on the same daemon, replay to a new session), handoff, and parked
+sessions that make room for new streams."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import websockets
+
+from daemon import config, running
+from streamd.admin_client import request
+from streamd.clients.resume import ReplayBuffer, ResumingStream
+from streamd.config import AdminConfig
+from streamd.protocol import Final, Start
+from test_daemon import WAVS, pcm_of
+
+START = Start(sample_rate=16000, encoding="s16le", interim_results=False, word_times=True)
+PCM = b"".join(pcm_of(w) for w in WAVS)  # about 11 s
+
+
+def final_dicts(finals: list[Final]) -> list[dict[str, Any]]:
+    """Finals without `audio_processed` (it depends on how far ahead the audio was sent)."""
+    return [{k: v for k, v in dataclasses.asdict(f).items() if k != "audio_processed"} for f in finals]
+
+
+async def run_stream(url: str, pcm: bytes, piece: int = 3200, pace_s: float = 0.0,
+                     hook: Any = None) -> tuple[list[Final], ResumingStream]:
+    """Stream `pcm` through a ResumingStream; `hook(stream, offset)` runs before each message."""
+    async with ResumingStream(url, START) as stream:
+        async def send() -> None:
+            for i in range(0, len(pcm), piece):
+                if hook is not None:
+                    await hook(stream, i)
+                await stream.send_audio(pcm[i:i + piece])
+                if pace_s:
+                    await asyncio.sleep(pace_s)
+            await stream.stop()
+        sender = asyncio.create_task(send())
+        finals = [r async for r in stream.results() if isinstance(r, Final)]
+        await sender
+    return finals, stream
+
+
+def test_a_dropped_connection_resumes_on_the_same_daemon_with_nothing_lost() -> None:
+    async def main() -> None:
+        async with running(config(resume_grace_s=10.0)) as (app, url):
+            want, _ = await run_stream(url, PCM)
+            assert len(want) >= 1 and want[-1].reason == "end_of_stream"
+
+            async def drop(stream: ResumingStream, offset: int) -> None:
+                if offset in (32000, 160000):  # twice, mid-stream: RST, no close frame
+                    assert stream._ws is not None
+                    stream._ws.transport.abort()
+                    await asyncio.sleep(0.2)
+            got, stream = await run_stream(url, PCM, pace_s=0.01, hook=drop)
+            assert (stream.resumed, stream.replayed) == (2, 0)
+            assert final_dicts(got) == final_dicts(want)
+            assert stream.summary is not None and stream.summary.utterances == len(want)
+            text = app.state.metrics.render().decode()
+            assert 'streamd_resumes_total{result="resumed"} 2.0' in text
+
+    asyncio.run(main())
+
+
+def test_an_unknown_session_gets_a_new_one_and_the_client_replays_its_audio() -> None:
+    async def main() -> None:
+        async with running(config(resume_grace_s=10.0)) as (app, url):
+            want, _ = await run_stream(url, PCM)
+
+            async def forget(stream: ResumingStream, offset: int) -> None:
+                if offset == 288000:  # 9 s in, after a final: the daemon loses the session (as another would)
+                    app.state.sessions.handoff()
+                    await asyncio.sleep(0.2)
+            got, stream = await run_stream(url, PCM, pace_s=0.01, hook=forget)
+            assert (stream.resumed, stream.replayed) == (0, 1)
+            assert final_dicts(got) == final_dicts(want)  # no gap, no duplicate, same times
+
+    asyncio.run(main())
+
+
+def test_the_resume_protocol() -> None:
+    """`resumed` repeats the client's last_seq, says what audio arrived, and the results after
+    last_seq follow with their original seq; then the stream goes on."""
+    start = json.dumps({"type": "start", "sample_rate": 16000, "encoding": "s16le", "interim_results": False})
+
+    async def main() -> None:
+        async with running(config(resume_grace_s=10.0)) as (app, url):
+            ws = await websockets.connect(url + "/v1/stream")
+            assert ws.response is not None
+            sid = ws.response.headers["X-Streamd-Session"]
+            await ws.send(start)
+            ready = json.loads(await ws.recv())
+            assert ready["type"] == "ready" and ready["session_id"] == sid
+            await ws.send(PCM[:64000])
+            await ws.send(json.dumps({"type": "finalize"}))
+            seen = [ready]
+            while seen[-1].get("reason") != "finalize":
+                seen.append(json.loads(await ws.recv()))
+            await ws.send(PCM[64000:96000])
+            while app.state.metrics.registry.get_sample_value("streamd_audio_seconds_total") != 3.0:
+                await asyncio.sleep(0.01)
+            ws.transport.abort()
+            while app.state.sessions.parked != 1:
+                await asyncio.sleep(0.01)
+
+            last_seq = seen[-2]["seq"]  # the client missed the finalize's final
+            ws = await websockets.connect(url + f"/v1/stream?session={sid}")
+            await ws.send(json.dumps({**json.loads(start), "resume": {"session_id": sid, "last_seq": last_seq}}))
+            resumed = json.loads(await ws.recv())
+            assert resumed == {"type": "resumed", "seq": last_seq, "session_id": sid, "audio_bytes": 96000,
+                               "finalizes": 1}
+            assert json.loads(await ws.recv()) == seen[-1]  # replayed with its seq
+            await ws.send(PCM[96000:128000])
+            await ws.send(json.dumps({"type": "stop"}))
+            rest = [json.loads(m) async for m in ws]
+            first = seen[-1]["seq"] + 1
+            assert [m["seq"] for m in rest] == list(range(first, first + len(rest)))
+            assert rest[-1]["type"] == "summary" and rest[-1]["audio_seconds"] == 4.0
+            assert ws.close_code == 1000
+
+            # A session that is gone (or never was): a new session, `ready` with another id.
+            ws = await websockets.connect(url + "/v1/stream")
+            await ws.send(json.dumps({**json.loads(start), "resume": {"session_id": sid, "last_seq": 3}}))
+            ready = json.loads(await ws.recv())
+            assert ready["type"] == "ready" and ready["session_id"] != sid
+            await ws.close()
+            bad = json.dumps({**json.loads(start), "resume": {"session_id": "", "last_seq": 0}})
+            ws = await websockets.connect(url + "/v1/stream")
+            await ws.send(bad)
+            assert json.loads(await ws.recv())["code"] == "protocol_violation"
+            await ws.close()
+
+    asyncio.run(main())
+
+
+def test_handoff_closes_every_stream_with_1012_and_refuses_new_ones(tmp_path: Path) -> None:
+    sock = tmp_path / "admin.sock"
+
+    async def main() -> None:
+        async with running(config(admin=AdminConfig(socket=sock), resume_grace_s=10.0)) as (app, url):
+            streams = [await websockets.connect(url + "/v1/stream") for _ in range(3)]
+            for ws in streams:
+                await ws.send(json.dumps({"type": "start", "sample_rate": 16000, "encoding": "s16le"}))
+                await ws.recv()
+                await ws.send(PCM[:32000])
+            status, body = await asyncio.to_thread(request, "POST", "/v1/drain", {"handoff": True}, socket_path=sock)
+            assert status == 200 and body["handed_off"] == 3 and body["draining"]
+            for ws in streams:
+                with pytest.raises(websockets.ConnectionClosed):
+                    while True:
+                        await ws.recv()
+                assert ws.close_code == 1012
+            with pytest.raises(websockets.InvalidStatus) as refused:
+                await websockets.connect(url + "/v1/stream")
+            assert refused.value.response.status_code == 503
+            assert app.state.sessions.parked == 0  # handed-off streams are not kept for a resume here
+            status, body = await asyncio.to_thread(request, "POST", "/v1/drain", {"handoff": 1}, socket_path=sock)
+            assert status == 400
+
+    asyncio.run(main())
+
+
+def test_parked_sessions_give_their_slot_to_new_streams() -> None:
+    async def main() -> None:
+        async with running(config(max_streams=2, resume_grace_s=30.0)) as (app, url):
+            for _ in range(2):
+                ws = await websockets.connect(url + "/v1/stream")
+                await ws.send(json.dumps({"type": "start", "sample_rate": 16000, "encoding": "s16le"}))
+                await ws.recv()
+                ws.transport.abort()
+            while app.state.sessions.parked != 2:
+                await asyncio.sleep(0.01)
+            want, _ = await run_stream(url, PCM[:64000])  # takes the slot of one parked stream
+            assert want and app.state.sessions.parked == 1
+
+    asyncio.run(main())
+
+
+def test_replay_buffer_positions() -> None:
+    buf = ReplayBuffer(frame_bytes=2, rate=16000, max_bytes=10 ** 9)
+    buf.audio(b"a" * 100)
+    buf.finalize()
+    buf.audio(b"b" * 50)
+    assert buf.after(100, 0) == [None, b"b" * 50]
+    assert buf.after(120, 1) == [b"b" * 30]
+    buf.fresh_after(1, next_utterance=3)  # the finalize's final came: replays start after it
+    assert (buf.base_bytes, buf.base_utterance, buf.everything()) == (100, 3, [b"b" * 50])
+    assert buf.after(99, 1) is None  # no longer held
+    small = ReplayBuffer(frame_bytes=2, rate=100, max_bytes=100)
+    small.audio(bytes(300))  # 1.5 s
+    small.bound(Final(0, "x", 0.2, 0.5, 1.0, "endpoint"))
+    assert (small.base_bytes, small.base_utterance, small.held) == (100, 1, 200)
+    assert np.isclose(small.base_seconds, 0.5)
