@@ -1,17 +1,15 @@
-"""What every client shares: open a stream, send PCM, read results, print them, retry.
+"""What every client shares: the handshake, errors, retries, printing results.
 
 Only the documented protocol is used (``streamd.protocol``, the module the server uses too, is
-Sans-I/O and imports no torch). :func:`open_stream` performs the handshake and the ``start``/``ready`` exchange;
-:class:`Session` sends audio and iterates over partials and finals; :func:`retry_delay`
-decides, from the error, whether and when to reconnect.
+Sans-I/O and imports no torch). :func:`handshake` opens the websocket and maps refusals to errors;
+:func:`retry_delay` decides, from the error, whether and when to reconnect. The stream itself
+(``start``, audio, results, resuming after a drop) is ``streamd.clients.resume.ResumingStream``.
 """
 from __future__ import annotations
 
-import contextlib
 import random
 import shutil
 import ssl
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
@@ -21,9 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
-from streamd.errors import ProtocolViolation
-from streamd.protocol import (FATAL_ERRORS, HANDSHAKE_REFUSALS, STREAM_PATH, Error, Final, Partial, Ready, Start,
-                              Stop, Summary, encode_client_message, parse_server_message)
+from streamd.protocol import FATAL_ERRORS, HANDSHAKE_REFUSALS, STREAM_PATH
 
 DEFAULT_URL = "ws://127.0.0.1:8765"
 
@@ -104,10 +100,6 @@ class Backoff:
         self._attempt += 1
         return delay * random.uniform(1 - self.jitter, 1 + self.jitter)
 
-    def reset(self) -> None:
-        """Back to the initial delay (after a successful connection)."""
-        self._attempt = 0
-
 
 def retry_delay(exc: BaseException, backoff: Backoff) -> float | None:
     """Seconds to wait before reconnecting after ``exc``, or None when retrying cannot help."""
@@ -118,44 +110,6 @@ def retry_delay(exc: BaseException, backoff: Backoff) -> float | None:
     if isinstance(exc, (OSError, TimeoutError, ConnectionClosed)):  # refused, reset, unreachable
         return backoff.next()
     return None
-
-
-class Session:
-    """One open stream: send audio, then ``stop``; iterate over the results."""
-
-    def __init__(self, ws: ClientConnection, ready: Ready) -> None:
-        self.ws = ws
-        self.ready = ready
-        self.summary: Summary | None = None
-
-    async def send_audio(self, pcm: bytes) -> None:
-        """One binary message of PCM in the format declared in ``start``."""
-        await self.ws.send(pcm)
-
-    async def stop(self) -> None:
-        """No more audio: the server sends the last final and the summary, then closes."""
-        await self.ws.send(encode_client_message(Stop()))
-
-    async def results(self) -> AsyncIterator[Partial | Final]:
-        """Partials and finals until the summary (kept in :attr:`summary`).
-
-        Raises:
-            StreamError: the server sent an ``error``.
-            ConnectionLost: the connection closed before the summary.
-        """
-        try:
-            async for text in self.ws:
-                message = parse_server_message(str(text))
-                if isinstance(message, Error):
-                    raise StreamError(message.code, message.message)
-                if isinstance(message, Summary):
-                    self.summary = message
-                    return
-                if isinstance(message, (Partial, Final)):
-                    yield message
-        except ConnectionClosed:
-            pass
-        raise ConnectionLost(self.ws.close_code)
 
 
 async def handshake(endpoint: str, cafile: str | None, open_timeout: float, token: str | None) -> ClientConnection:
@@ -180,36 +134,6 @@ async def handshake(endpoint: str, cafile: str | None, open_timeout: float, toke
         raise StreamError("handshake_refused", f"HTTP {response.status_code} from {endpoint}") from None
     except InvalidHandshake as e:
         raise StreamError("handshake_failed", f"{endpoint}: {e}") from None
-
-
-@contextlib.asynccontextmanager
-async def open_stream(url: str, start: Start, cafile: str | None = None,
-                      open_timeout: float = 10.0, token: str | None = None) -> AsyncIterator[Session]:
-    """Connect (with ``Authorization: Bearer token`` if given), send ``start``, wait for ``ready``;
-    close the connection on exit.
-
-    Raises:
-        ServerBusy: HTTP 503 (full or draining).
-        StreamError: any other refusal, or an ``error`` instead of ``ready``.
-        OSError, TimeoutError: the daemon cannot be reached.
-    """
-    endpoint = stream_url(url)
-    ws = await handshake(endpoint, cafile, open_timeout, token)
-    try:
-        await ws.send(encode_client_message(start))
-        try:
-            first = parse_server_message(str(await ws.recv()))
-        except ConnectionClosed:
-            raise ConnectionLost(ws.close_code) from None
-        except ProtocolViolation as e:
-            raise StreamError("bad_reply", f"{endpoint} does not speak protocol v1: {e}") from None
-        if isinstance(first, Error):
-            raise StreamError(first.code, first.message)
-        if not isinstance(first, Ready):
-            raise StreamError("bad_reply", f"expected ready, got {first.type}")
-        yield Session(ws, first)
-    finally:
-        await ws.close()
 
 
 def format_time(seconds: float) -> str:

@@ -99,9 +99,6 @@ class Sessions:
         self.grace_s = grace_s
         self._entries: dict[str, _Entry] = {}
 
-    def __len__(self) -> int:
-        return len(self._entries)
-
     @property
     def parked(self) -> int:
         """Sessions whose connection is gone, waiting for their client."""

@@ -15,7 +15,7 @@ import numpy as np
 import soundfile as sf
 
 from conftest import FIXTURES
-from streamd.clients.common import open_stream
+from streamd.clients.resume import ResumingStream
 from streamd.server.app import App
 from streamd.protocol import Final, Start
 
@@ -51,7 +51,7 @@ class PushRecorder:
 async def replay_finals(url: str, samples: np.ndarray, cafile: str | None = None) -> list[Final]:
     """The non-empty finals that ``samples`` (16 kHz float) give as one stream."""
     pcm = samples.astype("<f4").tobytes()
-    async with open_stream(url, Start(sample_rate=16000, encoding="f32le"), cafile) as session:
+    async with ResumingStream(url, Start(sample_rate=16000, encoding="f32le"), cafile) as session:
         for i in range(0, len(pcm), 6400):
             await session.send_audio(pcm[i:i + 6400])
         await session.stop()

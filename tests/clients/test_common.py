@@ -22,11 +22,9 @@ def test_stream_url_adds_the_protocol_path() -> None:
         stream_url("http://127.0.0.1:8765")
 
 
-def test_backoff_doubles_up_to_the_maximum_and_resets() -> None:
+def test_backoff_doubles_up_to_the_maximum() -> None:
     b = Backoff(initial=0.5, maximum=4.0, jitter=0.0)
     assert [b.next() for _ in range(5)] == [0.5, 1.0, 2.0, 4.0, 4.0]
-    b.reset()
-    assert b.next() == 0.5
 
 
 def test_retry_only_what_a_new_connection_can_fix() -> None:
