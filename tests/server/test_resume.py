@@ -140,11 +140,13 @@ def test_the_resume_protocol() -> None:
     asyncio.run(main())
 
 
-def test_handoff_closes_every_stream_with_1012_and_refuses_new_ones(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [0, 2])
+def test_handoff_closes_every_stream_with_1012_and_refuses_new_ones(tmp_path: Path, workers: int) -> None:
+    """In the engine's process, and from front-end processes (the drain reaches each of them)."""
     sock = tmp_path / "admin.sock"
 
     async def main() -> None:
-        async with running(config(admin=AdminConfig(socket=sock), resume_grace_s=10.0)) as (app, url):
+        async with running(config(admin=AdminConfig(socket=sock), resume_grace_s=10.0, workers=workers)) as (app, url):
             streams = [await websockets.connect(url + "/v1/stream") for _ in range(3)]
             for ws in streams:
                 await ws.send(json.dumps({"type": "start", "sample_rate": 16000, "encoding": "s16le"}))
