@@ -26,6 +26,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -69,6 +70,7 @@ def start_daemon(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen[
            "--max-streams", str(max(64, 2 * args.streams)), "--admin-socket", "", "--config", ""]
     if args.model:
         cmd += ["--model", str(args.model)]
+    cmd += shlex.split(args.daemon_args)
     proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     deadline = time.monotonic() + 300
@@ -203,6 +205,7 @@ def main() -> int:
     ap.add_argument("--pid", type=int, help="with --url: the daemon's process id, for RSS and fds")
     ap.add_argument("--model", type=Path, help="model of the started daemon (default: the shipped one)")
     ap.add_argument("--device", default="cpu", help="device of the started daemon (default: %(default)s)")
+    ap.add_argument("--daemon-args", default="", help="more `streamd serve` flags, e.g. '--admission max_streams'")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", type=Path, help="write settings, samples and trends here")
     ap.add_argument("wav", nargs="*", type=Path, default=sorted(FIXTURES.glob("in*.wav")),
