@@ -225,6 +225,8 @@ class Daemon:
             if not self._bound.is_set() and (m := SERVING.search(line)):
                 self.url = f"{m[1]}://{m[2]}:{m[3]}"
                 self._bound.set()
+        if self.log_file is not None:  # the daemon's stderr ended
+            self.log_file.close()
         self._bound.set()
 
     def wait_serving(self, timeout: float = 600) -> str:

@@ -235,16 +235,21 @@ async def read_request(reader: asyncio.StreamReader) -> tuple[str, str, dict[str
     return parts[0], parts[1].split("?", 1)[0], headers, body
 
 
+def _json_body(body: bytes) -> Any:
+    """The parsed body (an empty one is `{}`); BadRequest if it is not JSON."""
+    try:
+        return json.loads(body or b"{}")
+    except (ValueError, RecursionError):
+        raise BadRequest("the body must be a JSON object") from None
+
+
 def migrate_args(body: bytes) -> tuple[str | None, str | None]:
     """`{"device": str, "dtype": str}` (either may be left out, not both) from a migrate body.
 
     Raises:
         BadRequest: not such an object.
     """
-    try:
-        args = json.loads(body or b"{}")
-    except (ValueError, RecursionError):
-        raise BadRequest("the body must be a JSON object") from None
+    args = _json_body(body)
     if not isinstance(args, dict):
         raise BadRequest(f"the body must be a JSON object like {{\"device\": \"cuda:1\"}}, got {echo(args)}")
     unknown = sorted(set(args) - {"device", "dtype"})
@@ -265,10 +270,7 @@ def drain_args(body: bytes) -> bool:
     Raises:
         BadRequest: not such an object.
     """
-    try:
-        args = json.loads(body or b"{}")
-    except (ValueError, RecursionError):
-        raise BadRequest("the body must be a JSON object") from None
+    args = _json_body(body)
     if not isinstance(args, dict) or set(args) - {"handoff"} or not isinstance(args.get("handoff", False), bool):
         raise BadRequest(f'the body must be {{}} or {{"handoff": true}}, got {echo(args)}')
     return bool(args.get("handoff", False))

@@ -291,19 +291,20 @@ class FrontEnds:
 def reserve_port(host: str, port: int) -> socket.socket:
     """A bound, not listening SO_REUSEPORT socket: it holds the port (a free one for port 0)
     that every front end then listens on."""
-    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-    sock = socket.socket(family, kind, proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind(addr)
-    return sock
+    return _reuse_port_socket(host, port)
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
     """A front end's own listening socket on the shared port."""
+    sock = _reuse_port_socket(host, port)
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+def _reuse_port_socket(host: str, port: int) -> socket.socket:
     family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind(addr)
-    sock.listen(1024)
-    sock.setblocking(False)
     return sock

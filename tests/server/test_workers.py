@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ from streamd.config import AdminConfig
 from test_daemon import WAVS, decode_reference, fetch, pcm_of
 from test_migration import streams_with_migrations
 
-pytestmark = pytest.mark.skipif(not hasattr(__import__("socket"), "SO_REUSEPORT"), reason="needs SO_REUSEPORT")
+pytestmark = pytest.mark.skipif(not hasattr(socket, "SO_REUSEPORT"), reason="needs SO_REUSEPORT")
 
 
 def metric(text: str, name: str) -> float:
