@@ -89,7 +89,7 @@ class CudaGraphBackend:
                 for _ in range(self.warmup_runs):
                     warmup()
             torch.cuda.current_stream(device).wait_stream(stream)
-            pool = torch.cuda.graph_pool_handle()
+            pool = self.pool(device)
             graphs = {}
             for name, fn in steps.items():
                 g = torch.cuda.CUDAGraph(keep_graph=True)
@@ -97,6 +97,10 @@ class CudaGraphBackend:
                     fn()
                 graphs[name] = g
         return graphs
+
+    def pool(self, device: torch.device) -> Any:
+        """The memory pool of the next capture: a new one each time."""
+        return torch.cuda.graph_pool_handle()
 
     def instantiate(self, graphs: dict[str, Any]) -> None:
         for g in graphs.values():
@@ -115,6 +119,21 @@ class CudaGraphBackend:
         """Give the dropped graphs' pool and buffers back to the driver."""
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
+
+
+class SharedPoolBackend(CudaGraphBackend):
+    """Every capture on a device shares one memory pool: for the buckets of one decoder, which
+    never run at once, and whose graphs keep nothing in the pool past their end (their loop
+    state is allocated outside it). Private pools would each hold the temporaries of their
+    batch size: at thousands of streams, tens of GB."""
+
+    def __init__(self) -> None:
+        self._pools: dict[torch.device, Any] = {}
+
+    def pool(self, device: torch.device) -> Any:
+        if device not in self._pools:
+            self._pools = {device: torch.cuda.graph_pool_handle()}  # another device: the old pool goes
+        return self._pools[device]
 
 
 @dataclass
@@ -237,7 +256,7 @@ class GraphGreedyLabelLooping:
             return self.ref(enc, lengths, state)
         self._refresh_sos(cap)
         if state is None:
-            state = _expand(cap.sos, b)
+            state = cap.sos.expand(b)
         self.ref.load(cap.loop, enc, lengths, state)
         self._replay(cap)
         out = self.ref.results(cap.loop, b, t)
@@ -342,7 +361,7 @@ class GraphGreedyLabelLooping:
             torch.randint(0, frames + 1, loop.lengths.shape, generator=gen, device=loop.lengths.device,
                           out=loop.lengths)
             s = loop.state
-            s.index_copy_(loop.batch_idx, _expand(cap.sos, loop.lengths.shape[0]).clone())
+            s.index_copy_(loop.batch_idx, cap.sos.expand(loop.lengths.shape[0]).clone())
             self._replay(cap, host_loops=host_loops)
             outs.append({"labels": loop.out_labels.clone(), "times": loop.out_times.clone(),
                          "lengths": loop.out_len.clone(), "h": s.h.clone(), "gproj": s.gproj.clone()})
@@ -380,12 +399,6 @@ def _on(state: DecoderState, device: torch.device, dtype: torch.dtype) -> Decode
     return state.to(device, dtype)
 
 
-def _expand(one: DecoderState, batch: int) -> DecoderState:
-    """Views of a one-row state repeated over `batch` rows."""
-    return DecoderState(one.h.expand(-1, batch, -1), one.c.expand(-1, batch, -1), one.gproj.expand(batch, -1),
-                        one.label.expand(batch), one.frames.expand(batch))
-
-
 class BucketedGraphDecoder:
     """A `GraphGreedyLabelLooping` per batch-size bucket (`streamd.buckets.bucket_size`): a call
     of b rows runs in the smallest bucket >= b, so a small batch does not pay for the largest
@@ -402,7 +415,8 @@ class BucketedGraphDecoder:
         check_per_octave(per_octave)
         self.per_octave = per_octave
         self._make = partial(GraphGreedyLabelLooping, predictor, joint, blank_id, max_symbols,
-                             max_frames=max_frames, mode=mode, backend=backend)
+                             max_frames=max_frames, mode=mode,
+                             backend=backend if backend is not None else SharedPoolBackend())
         self._one = self._make(max_batch=1)  # start states and row resets (captures nothing)
         self._buckets: dict[int, GraphGreedyLabelLooping] = {}
         self._last: GraphGreedyLabelLooping | None = None

@@ -37,6 +37,11 @@ class DecoderState:
         self.label.index_copy_(0, rows, src.label)
         self.frames.index_copy_(0, rows, src.frames)
 
+    def expand(self, batch: int) -> DecoderState:
+        """Views of a one-row state repeated over `batch` rows (no copy)."""
+        return DecoderState(self.h.expand(-1, batch, -1), self.c.expand(-1, batch, -1),
+                            self.gproj.expand(batch, -1), self.label.expand(batch), self.frames.expand(batch))
+
     def to(self, device: torch.device, dtype: torch.dtype) -> DecoderState:
         """Float parts to dtype, everything to device."""
         return DecoderState(self.h.to(device, dtype), self.c.to(device, dtype), self.gproj.to(device, dtype),

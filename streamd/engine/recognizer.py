@@ -222,7 +222,7 @@ class Recognizer:
         cache.channel.index_fill_(1, rows, 0.0)
         cache.time.index_fill_(1, rows, 0.0)
         cache.channel_len.index_fill_(0, rows, 0)
-        dec.index_copy_(rows, self.search.initial_state(int(rows.shape[0])))
+        dec.index_copy_(rows, self.search.initial_state(1).expand(int(rows.shape[0])))
 
 
 def transcribe_offline(model: Transducer, audio: Tensor, decoder: GreedyLabelLooping | None = None,

@@ -4,13 +4,17 @@ The event loop never touches tensors. It posts audio and commands to an inbox; t
 drains it, runs a step as soon as streams have a full chunk (waiting at most `batch_wait_s` for
 more streams to fill the batch), and posts each stream's results back to its session's queue
 with `call_soon_threadsafe`, or to the session's `sink` (a front-end process's bridge, see
-`server/frontends.py`). No polling: the thread sleeps on a condition variable.
+`server/frontends.py`). No polling: the thread sleeps in a selector, woken by a byte on its own
+socket pair or by an `IoSource` (a front end's channel, which the engine thread itself reads and
+writes between steps: no other thread of the process then competes with steps for the GIL).
 """
 from __future__ import annotations
 
 import asyncio
 import itertools
 import logging
+import selectors
+import socket
 import threading
 import time
 from collections import deque
@@ -48,6 +52,20 @@ class EngineStatus:
     geometry: ChunkGeometry  # the model's time base and chunk size
 
 
+class IoSource(Protocol):
+    """A non-blocking socket the engine thread serves between steps. `readable` and `writable`
+    run on the engine thread when the selector says so; `wants_write` asks for `writable`."""
+
+    def fileno(self) -> int: ...
+
+    def readable(self) -> None: ...
+
+    def writable(self) -> None: ...
+
+    @property
+    def wants_write(self) -> bool: ...
+
+
 class EngineClient(Protocol):
     """What serving streams needs of the engine: the `Engine` itself, or the handle a front-end
     process has of it (`server/worker.py`)."""
@@ -83,8 +101,15 @@ class Engine:
         self.recognizer = recognizer
         self.max_batch, self.batch_wait_s = max_batch, batch_wait_s
         self._on_step = on_step
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._inbox: deque[tuple[str, EngineSession | None, Any]] = deque()
+        self._sleeping = False  # the engine thread waits in `select` (guarded by `_lock`)
+        self._wake_r, self._wake_w = socket.socketpair()
+        for sock in (self._wake_r, self._wake_w):
+            sock.setblocking(False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._sources: dict[IoSource, int] = {}  # source -> the selector events it is registered for
         self._live: dict[EngineSession, None] = {}  # sessions with a slot, oldest first
         # Readiness is tracked, not scanned for: only a session that got audio or ended (or just
         # stepped) is checked again, so the engine thread's work between steps does not grow with
@@ -150,17 +175,44 @@ class Engine:
     def post_many(self, items: list[tuple[str, EngineSession, Any]]) -> None:
         """Queue several `audio` (payload: samples), `end` and `close` commands at once, in order
         (from any thread: a front-end bridge hands over a batch of its streams' audio this way)."""
-        with self._cond:
+        with self._lock:
             self._inbox.extend(items)
-            self._cond.notify()
+            wake, self._sleeping = self._sleeping, False
+        if wake:
+            self._wake()
 
     def _post(self, kind: str, session: EngineSession | None, payload: Any) -> None:
-        with self._cond:
+        with self._lock:
             self._inbox.append((kind, session, payload))
-            self._cond.notify()
+            wake, self._sleeping = self._sleeping, False
+        if wake:
+            self._wake()
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"\0")
+        except BlockingIOError:  # the buffer is full of wake-ups already
+            pass
+
+    def add_source(self, source: IoSource) -> None:
+        """Serve `source` on the engine thread from its next turn on (from any thread)."""
+        self.submit(lambda rec: self._watch(source))
+
+    def remove_source(self, source: IoSource) -> None:
+        """Stop serving `source` (on the engine thread; `add_source`'s inverse). Idempotent."""
+        if self._sources.pop(source, None) is not None:
+            self._selector.unregister(source)
 
     # -- engine thread -------------------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._serve()
+        finally:
+            self._selector.close()
+            self._wake_r.close()
+            self._wake_w.close()
+
+    def _serve(self) -> None:
         while True:
             self._drain(block=not self._count_ready())
             if self._stopping:
@@ -177,14 +229,51 @@ class Engine:
             self._release(s)
 
     def _drain(self, block: bool, timeout: float | None = None) -> None:
-        with self._cond:
-            if block and not self._inbox:
-                self._cond.wait(timeout)
+        """Apply what was posted and what the sources have; with `block` and nothing posted,
+        first wait (at most `timeout` seconds, None: until something comes)."""
+        with self._lock:
+            sleep = block and not self._inbox
+            self._sleeping = sleep
+        events = self._selector.select(timeout if sleep else 0)
+        if sleep:
+            with self._lock:
+                self._sleeping = False
+        for key, mask in events:
+            source: IoSource | None = key.data
+            if source is None:
+                self._drain_wake_ups()
+            elif source in self._sources:  # an earlier event's handler may have removed it
+                if mask & selectors.EVENT_WRITE:
+                    source.writable()
+                if mask & selectors.EVENT_READ:
+                    source.readable()
+        with self._lock:
             items = list(self._inbox)
             self._inbox.clear()
         for kind, session, payload in items:
             self._apply(kind, session, payload)
         self._flush()
+        self._update_interest()
+
+    def _drain_wake_ups(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _watch(self, source: IoSource) -> None:
+        self._sources[source] = selectors.EVENT_READ
+        self._selector.register(source, selectors.EVENT_READ, source)
+        self._update_interest()
+
+    def _update_interest(self) -> None:
+        """Ask for `writable` from the sources with queued output, and only from those."""
+        for source, events in self._sources.items():
+            want = selectors.EVENT_READ | (selectors.EVENT_WRITE if source.wants_write else 0)
+            if want != events:
+                self._sources[source] = want
+                self._selector.modify(source, want, source)
 
     def _apply(self, kind: str, session: EngineSession | None, payload: Any) -> None:
         if kind == "stop":

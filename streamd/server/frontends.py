@@ -1,14 +1,14 @@
 """Front-end processes: `server.workers` websocket event loops sharing the daemon's port
-(SO_REUSEPORT), each bridged to the engine in this process by a pipe.
+(SO_REUSEPORT), each bridged to the engine in this process by a socket pair (`server/channel.py`).
 
 A front end runs the protocol, sessions and everything per message (`server/worker.py`); this
-process keeps only the engine thread, the admin socket and two threads per front end: one hands
-the front end's commands to the engine (one pipe message carries every stream's audio of one
-event-loop iteration there; one `Engine.post_many` here), one sends it the results the engine
-delivers to its streams (one pipe message per engine hand-over). So the engine's process does no
-per-message websocket or JSON work, and its GIL is not shared with any event loop.
+process keeps only the engine thread, the admin socket and the bridges. A bridge is an `IoSource`
+of the engine: the engine thread itself reads the front end's commands (one message carries every
+stream's audio of one event-loop iteration there) and writes the results it delivers to its
+streams (one message per engine hand-over), between steps. So the engine's process does no
+per-message websocket or JSON work, and no thread of it competes with the steps for the GIL.
 
-Pipe messages are lists of tuples; worker -> engine:
+Messages are lists of tuples; worker -> engine:
   ("open", sid) ("audio", [sid], [samples per sid], float32 samples of all, in order)
   ("end", sid) ("close", sid)
   ("metrics", families) ("metrics_text", request) ("up", pid)
@@ -22,23 +22,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
-import queue
 import socket
-import threading
 from concurrent.futures import Future
 from collections.abc import Callable
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
 
 from streamd.config import Config
 from streamd.engine.scheduler import EngineSession, EngineStatus, ResultItem, StreamFailed
+from streamd.server.channel import NonBlockingEnd, socket_pair
 from streamd.server.handler import Census, ServerState
 
 log = logging.getLogger("streamd.server")
 START_TIMEOUT_S = 120.0  # a front end imports torch and websockets before it listens
+STOP_TIMEOUT_S = 5.0
 PUBLISH_S = 0.5  # how often a changed status (the admission estimate moves with step times) goes out
 Message = tuple[Any, ...]
 
@@ -48,7 +47,7 @@ class WorkerSpec:
     """Everything a front-end process starts from (pickled to it by `spawn`)."""
 
     index: int
-    conn: Connection
+    sock: socket.socket  # the front end's end of the channel
     config: Config
     tokenizer: bytes  # the SentencePiece model proto
     model_name: str
@@ -60,59 +59,62 @@ class WorkerSpec:
 
 
 class Bridge:
-    """The engine's side of one front-end process: its streams' sessions and the two threads."""
+    """The engine's side of one front-end process: its streams' sessions and its channel, served
+    on the engine thread (an `IoSource` of the engine)."""
 
-    def __init__(self, index: int, state: ServerState, conn: Connection,
-                 process: multiprocessing.process.BaseProcess, on_lost: Callable[[Bridge], None]) -> None:
-        self.index, self.state, self.conn, self.process = index, state, conn, process
-        self._on_lost = on_lost
+    def __init__(self, index: int, state: ServerState, sock: socket.socket,
+                 process: multiprocessing.process.BaseProcess, loop: asyncio.AbstractEventLoop,
+                 on_lost: Callable[[Bridge], None]) -> None:
+        self.index, self.state, self.process = index, state, process
+        self.channel = NonBlockingEnd(sock)
+        self._loop, self._on_lost = loop, on_lost
         self.sessions: dict[int, EngineSession] = {}
         self.up: Future[int] = Future()
-        self._out: queue.SimpleQueue[list[Message] | None] = queue.SimpleQueue()
-        self._threads = [threading.Thread(target=self._receive, name=f"streamd-front{index}-in", daemon=True),
-                         threading.Thread(target=self._send_all, name=f"streamd-front{index}-out", daemon=True)]
+        self.gone = False
 
-    def start(self) -> None:
-        for t in self._threads:
-            t.start()
+    # -- IoSource (engine thread) ----------------------------------------------------------------
+    def fileno(self) -> int:
+        return self.channel.fileno()
 
-    def send(self, messages: list[Message]) -> None:
-        self._out.put(messages)
+    @property
+    def wants_write(self) -> bool:
+        return self.channel.wants_write
 
-    def stop(self) -> None:
-        self._out.put(None)
+    def writable(self) -> None:
+        self.channel.flush()
 
-    # -- front end -> engine --------------------------------------------------------------------
-    def _receive(self) -> None:
+    def readable(self) -> None:
+        messages, eof = self.channel.read()
+        for batch in messages:
+            self._apply(batch)
+        if eof or self.channel.broken:
+            self._lost()
+
+    # -- front end -> engine (engine thread) -----------------------------------------------------
+    def _apply(self, messages: list[Message]) -> None:
         engine = self.state.engine
-        while True:
-            try:
-                messages: list[Message] = self.conn.recv()
-            except (EOFError, OSError):
-                break
-            batch: list[tuple[str, EngineSession, Any]] = []
-            for m in messages:
-                kind = m[0]
-                if kind == "audio":  # every stream's audio of one turn: one array, cut here
-                    for sid, samples in zip(m[1], np.split(m[3], np.cumsum(m[2][:-1]))):
-                        if (s := self.sessions.get(sid)) is not None:
-                            batch.append(("audio", s, samples))
-                elif kind == "end" or kind == "close":
-                    s = self.sessions.get(m[1]) if kind == "end" else self.sessions.pop(m[1], None)
-                    if s is not None:
-                        s.closed = s.closed or kind == "close"
-                        batch.append((kind, s, None))
-                elif kind == "open":
-                    self._open(m[1])
-                elif kind == "metrics":
-                    self.state.metrics.set_remote(self.index, m[1])
-                elif kind == "metrics_text":
-                    self.send([("metrics_text", m[1], self.state.metrics.render())])
-                elif kind == "up":
-                    self.up.set_result(m[1])
-            if batch:
-                engine.post_many(batch)
-        self._lost()
+        batch: list[tuple[str, EngineSession, Any]] = []
+        for m in messages:
+            kind = m[0]
+            if kind == "audio":  # every stream's audio of one turn: one array, cut here
+                for sid, samples in zip(m[1], np.split(m[3], np.cumsum(m[2][:-1]))):
+                    if (s := self.sessions.get(sid)) is not None:
+                        batch.append(("audio", s, samples))
+            elif kind == "end" or kind == "close":
+                s = self.sessions.get(m[1]) if kind == "end" else self.sessions.pop(m[1], None)
+                if s is not None:
+                    s.closed = s.closed or kind == "close"
+                    batch.append((kind, s, None))
+            elif kind == "open":
+                self._open(m[1])
+            elif kind == "metrics":
+                self.state.metrics.set_remote(self.index, m[1])
+            elif kind == "metrics_text":  # rendered on the event loop, not between steps
+                self._loop.call_soon_threadsafe(self._render_metrics, m[1])
+            elif kind == "up":
+                self.up.set_result(m[1])
+        if batch:
+            engine.post_many(batch)
 
     def _open(self, sid: int) -> None:
         session = EngineSession(sink=self._deliver, sid=sid)
@@ -122,12 +124,21 @@ class Bridge:
             err = fut.exception()
             if err is not None:
                 self.sessions.pop(sid, None)
-            self.send([("opened", sid, None if err is None else str(err))])
+            if not self.gone:
+                self.channel.send([("opened", sid, None if err is None else str(err))])
 
         self.state.engine.open_session(session).add_done_callback(opened)
 
+    def _render_metrics(self, request: int) -> None:
+        self.post([("metrics_text", request, self.state.metrics.render())])
+
     def _lost(self) -> None:
-        """The front end exited (or its pipe broke): its streams' slots are freed."""
+        """The front end exited (or its channel broke): its streams' slots are freed."""
+        if self.gone:
+            return
+        self.gone = True
+        self.state.engine.remove_source(self)
+        self.channel.close()
         gone = list(self.sessions.values())
         self.sessions.clear()
         if gone:
@@ -135,11 +146,17 @@ class Bridge:
         came_up = self.up.done()
         if not came_up:
             self.up.set_exception(RuntimeError(f"front end {self.index} exited before listening"))
-        self.stop()
         if came_up:
             self._on_lost(self)
 
-    # -- engine -> front end --------------------------------------------------------------------
+    def detach(self) -> None:
+        """Stop serving the channel and close it (engine thread; at shutdown)."""
+        if not self.gone:
+            self.gone = True
+            self.state.engine.remove_source(self)
+            self.channel.close()
+
+    # -- engine -> front end ---------------------------------------------------------------------
     def _deliver(self, items: list[tuple[EngineSession, ResultItem]]) -> None:
         """The engine's sink for this front end's sessions (on the engine thread)."""
         out: list[Message] = []
@@ -151,29 +168,12 @@ class Bridge:
                 out.append(("failed", s.sid, str(item)))
             else:
                 out.append(("result", s.sid, item.tokens, item.times, item.frame_start, item.frame_end))
-        self.send(out)
+        if not self.gone:
+            self.channel.send(out)
 
-    def _send_all(self) -> None:
-        """Pickle and write on this thread: the engine thread only queues."""
-        while (messages := self._out.get()) is not None:
-            while True:  # whatever queued up meanwhile goes in the same pipe message
-                try:
-                    more = self._out.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None:
-                    self._write(messages)
-                    return
-                messages = messages + more
-            if not self._write(messages):
-                return
-
-    def _write(self, messages: list[Message]) -> bool:
-        try:
-            self.conn.send(messages)
-            return True
-        except (OSError, ValueError):  # the front end is gone; `_receive` cleans up
-            return False
+    def post(self, messages: list[Message]) -> None:
+        """Send `messages` to the front end (from any thread: the engine thread writes them)."""
+        self.state.engine.submit(lambda rec: None if self.gone else self.channel.send(messages))
 
 
 class FrontEnds:
@@ -210,16 +210,17 @@ class FrontEnds:
         from streamd.server.worker import run  # the front end's entry point (it imports this module)
 
         cfg = self.state.config
-        ours, theirs = self._ctx.Pipe(duplex=True)
+        ours, theirs = socket_pair()
         spec = WorkerSpec(index, theirs, cfg, self.state.tokenizer.model_proto, self.state.model_name,
                           self.state.engine.status, self.census.slots, self.port, cfg.log.level, cfg.log.format)
         process = self._ctx.Process(target=run, args=(spec,), name=f"streamd-front{index}", daemon=True)
         process.start()
         theirs.close()
-        bridge = Bridge(index, self.state, ours, process, self._lost)
-        bridge.start()
+        assert self._loop is not None
+        bridge = Bridge(index, self.state, ours, process, self._loop, self._lost)
         # what changed while it started (a drain, a migration) reaches it after its spec
-        bridge.send([self._status()])
+        bridge.post([self._status()])
+        self.state.engine.add_source(bridge)
         return bridge
 
     def _lost(self, bridge: Bridge) -> None:
@@ -234,7 +235,6 @@ class FrontEnds:
         if self._stopping or self.bridges[bridge.index] is not bridge:
             return
         bridge.process.join(1.0)
-        bridge.conn.close()
         self.bridges[bridge.index] = self._spawn(bridge.index)
 
     def _status(self) -> Message:
@@ -252,14 +252,14 @@ class FrontEnds:
     def hand_off(self) -> int:
         """Every front end closes its streams with the handoff code; returns how many were open."""
         for b in self.bridges:
-            b.send([("handoff",)])
+            b.post([("handoff",)])
         return self.census.total()
 
     def publish(self) -> None:
         """Send every front end the engine's status and the daemon's draining / cut-over flags."""
         msg = self._status()
         for b in self.bridges:
-            b.send([msg])
+            b.post([msg])
 
     async def stop(self) -> None:
         """Shut the front ends down: each drains its streams (drain_timeout_s), then exits."""
@@ -267,7 +267,7 @@ class FrontEnds:
         if self._publisher is not None:
             self._publisher.cancel()
         for b in self.bridges:
-            b.send([("shutdown",)])
+            b.post([("shutdown",)])
         wait_s = self.state.config.server.drain_timeout_s + 2 * self.state.config.server.send_timeout_s
         await asyncio.gather(*(asyncio.to_thread(b.process.join, wait_s) for b in self.bridges))
 
@@ -281,11 +281,18 @@ class FrontEnds:
                 log.warning("front end %d did not exit: terminating it", b.index)
                 b.process.terminate()
         await asyncio.gather(*(asyncio.to_thread(b.process.join, 5.0) for b in self.bridges))
-        for b in self.bridges:
-            b.stop()
-            b.conn.close()
+        bridges = list(self.bridges)
+        try:
+            await asyncio.wait_for(self.state.engine.call(lambda rec: _detach_all(bridges)), STOP_TIMEOUT_S)
+        except TimeoutError:
+            log.warning("the engine did not detach the front ends' channels")
         if self._reserved is not None:
             self._reserved.close()
+
+
+def _detach_all(bridges: list[Bridge]) -> None:
+    for b in bridges:
+        b.detach()
 
 
 def reserve_port(host: str, port: int) -> socket.socket:

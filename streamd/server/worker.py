@@ -1,8 +1,9 @@
 """A front-end process: the stream port's event loop (websockets, protocol, sessions) with the
-engine in the daemon's main process, reached through a pipe (`server/frontends.py`).
+engine in the daemon's main process, reached through a channel (`server/frontends.py`).
 
 `RemoteEngine` stands in for the `Engine`: `Connection` cannot tell them apart. Commands of one
-event-loop iteration go to the engine in one pipe message; results come back the same way.
+event-loop iteration go to the engine in one message; results come back the same way. Two
+threads here do the channel's blocking reads and writes, off the event loop.
 """
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import os
 import queue
 import signal
 import threading
-from typing import Any
 
 import numpy as np
 
@@ -20,6 +20,7 @@ from streamd import log as logsetup
 from streamd.model.tokenizer import Tokenizer
 from streamd.engine.recognizer import CapacityError, ChunkResult
 from streamd.engine.scheduler import EngineSession, EngineStatus, StreamFailed
+from streamd.server.channel import BlockingEnd
 from streamd.server.front import Front
 from streamd.server.frontends import Message, WorkerSpec, listening_socket
 from streamd.server.handler import Census, StreamContext
@@ -40,7 +41,7 @@ def run(spec: WorkerSpec) -> None:
 
 
 async def _serve(spec: WorkerSpec) -> None:
-    engine = RemoteEngine(spec.conn, spec.status)
+    engine = RemoteEngine(BlockingEnd(spec.sock), spec.status)
     state = StreamContext(spec.config, engine, Tokenizer(spec.tokenizer), Metrics(process=False),
                           spec.model_name, census=Census(spec.census), census_slot=spec.index,
                           sessions=Sessions(spec.config.server.resume_grace_s))
@@ -67,8 +68,8 @@ async def _push_metrics(engine: RemoteEngine, metrics: Metrics) -> None:
 class RemoteEngine:
     """The engine as a front-end process sees it (the `EngineClient` surface)."""
 
-    def __init__(self, conn: Any, status: EngineStatus) -> None:
-        self.conn = conn
+    def __init__(self, channel: BlockingEnd, status: EngineStatus) -> None:
+        self.channel = channel
         self._status = status
         self._state: StreamContext | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -139,9 +140,9 @@ class RemoteEngine:
         finally:
             self._texts.pop(key, None)
 
-    # -- the pipe --------------------------------------------------------------------------------
+    # -- the channel --------------------------------------------------------------------------------
     def post(self, message: Message) -> None:
-        """Queue a message; all queued in this loop iteration leave in one pipe message."""
+        """Queue a message; all queued in this loop iteration leave in one channel message."""
         self._pending.append(message)
         self._schedule()
 
@@ -152,7 +153,7 @@ class RemoteEngine:
             self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
-        """One pipe message: this turn's audio as one array (cheap to pickle), then the other
+        """One channel message: this turn's audio as one array (cheap to pickle), then the other
         messages in order. Audio first keeps the order that matters: no stream sends audio after
         its `end` or `close`, and none before its `open` was answered."""
         self._flush_due = False
@@ -169,15 +170,15 @@ class RemoteEngine:
     def _write_all(self) -> None:
         while (messages := self._out.get()) is not None:
             try:
-                self.conn.send(messages)
-            except (OSError, ValueError):
+                self.channel.send(messages)
+            except OSError:
                 return
 
     def _read_all(self) -> None:
         assert self._loop is not None
         while True:
             try:
-                messages = self.conn.recv()
+                messages = self.channel.recv()
             except (EOFError, OSError):
                 break
             self._loop.call_soon_threadsafe(self._dispatch, messages)
