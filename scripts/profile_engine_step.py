@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,6 +33,7 @@ from streamd.decoding.graphs import EAGER, make_decoder  # noqa: E402
 from streamd.engine.encoder_step import make_encoder_step  # noqa: E402
 from streamd.engine.migration import placed_copy  # noqa: E402
 from streamd.engine.placement import parse_device, parse_dtype  # noqa: E402
+from streamd.engine import recognizer as recognizer_module  # noqa: E402
 from streamd.engine.recognizer import Recognizer  # noqa: E402
 from streamd.model.checkpoint import load_model  # noqa: E402
 
@@ -45,6 +47,42 @@ PHASES = {
     "results (per-stream bookkeeping)": ("recognizer.py:_results",),
     "slot state (index_select / index_copy)": ("state.py:index_select", "state.py:index_copy_"),
 }
+
+
+class _Synced:
+    """Stands in for a step's callable: waits for the GPU before and after each call, so the
+    wall time of the call is its GPU time (attributes pass through to the wrapped object)."""
+
+    def __init__(self, wrapped: Any, times: list[float]) -> None:
+        self._wrapped, self._times = wrapped, times
+
+    def __call__(self, *args: Any, **kw: Any) -> Any:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = self._wrapped(*args, **kw)
+        torch.cuda.synchronize()
+        self._times.append(time.perf_counter() - t0)
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._wrapped, name)
+
+
+def gpu_phases(rec: Recognizer, step: Any, steps: int) -> dict[str, float]:
+    """Milliseconds per step of the batched features, the encoder step and the decoder, each
+    synchronised on its own (a separate pass: the GPU's share of each phase)."""
+    times: dict[str, list[float]] = {"features (logmel_many)": [], "encoder step": [], "decoder": []}
+    names = list(times)
+    enc, search, logmel = rec.encoder_step, rec.search, recognizer_module.logmel_many
+    rec.encoder_step = _Synced(enc, times[names[1]])  # type: ignore[assignment]
+    rec.search = _Synced(search, times[names[2]])  # type: ignore[assignment]
+    recognizer_module.logmel_many = _Synced(logmel, times[names[0]])  # type: ignore[assignment]
+    try:
+        for _ in range(steps):
+            step()
+    finally:
+        rec.encoder_step, rec.search, recognizer_module.logmel_many = enc, search, logmel
+    return {k: 1000 * float(np.median(v)) for k, v in times.items() if v}
 
 
 def main() -> None:
@@ -116,12 +154,18 @@ def main() -> None:
     for name, sec in rows.items():
         print(f"  {name:45s} {1000 * sec:8.1f} ms  {100 * sec * args.steps / total:5.1f} %")
     st.sort_stats("tottime").print_stats(15)
+    synced = gpu_phases(rec, step, args.steps) if model.device.type == "cuda" else {}
+    if synced:
+        print("each phase on its own, the GPU waited for before and after (median per step):")
+        for name, ms in synced.items():
+            print(f"  {name:45s} {ms:8.1f} ms")
     if args.json:
         args.json.write_text(json.dumps({"streams": n, "chunk_ms": args.chunk_ms, "device": args.device,
                                          "dtype": args.dtype, "graphs": args.graphs, "features": args.features,
                                          "step_ms": step_ms,
                                          "profiled_step_ms": 1000 * total / args.steps,
                                          "phases_ms": {k: 1000 * v for k, v in rows.items()},
+                                         "synced_phases_ms": synced,
                                          "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None},
                                         indent=1))
 
