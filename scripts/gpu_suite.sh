@@ -52,7 +52,7 @@ if [ "$what" = scale ]; then
     IFS=: read -r chunk n where <<< "$spec"
     timeout 90 python3 scripts/profile_engine_step.py --model /tmp/fcl.pt --chunk-ms "$chunk" --streams "$n" \
       --features "$where" --json "$S/profile-${chunk}ms-$n-$where.json" > "$S/profile-${chunk}ms-$n-$where.log" 2>&1 || status=1
-    grep -A9 -e "^[0-9]* streams" -e "^each phase" "$S/profile-${chunk}ms-$n-$where.log"
+    grep -A9 -e "^[0-9]* streams" -e "^each phase" -e "^host waits" "$S/profile-${chunk}ms-$n-$where.log"
   done
   timeout $(( ${CAPACITY_BUDGET_S:-240} + 100 )) python3 scripts/bench_capacity.py --model /tmp/fcl.pt \
     --budget-s "${CAPACITY_BUDGET_S:-240}" ${CAPACITY_ARGS:-} --out "$S/capacity.json" 2>&1 \

@@ -19,6 +19,7 @@ import pstats
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,23 @@ def gpu_phases(rec: Recognizer, step: Any, steps: int) -> dict[str, float]:
     finally:
         rec.encoder_step, rec.search, recognizer_module.logmel_many = enc, search, logmel
     return {k: 1000 * float(np.median(v)) for k, v in times.items() if v}
+
+
+def sync_points(step: Any) -> list[str]:
+    """Where one step makes the host wait for the GPU, as PyTorch's sync debug mode sees it
+    (file:line of each synchronising call; launches of our own conditional graphs are not seen)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    seen: dict[str, int] = {}
+    for w in caught:
+        where = f"{Path(w.filename).name}:{w.lineno}: {str(w.message).splitlines()[0][:80]}"
+        seen[where] = seen.get(where, 0) + 1
+    return [f"{n:4d} x {where}" for where, n in seen.items()]
 
 
 def main() -> None:
@@ -154,6 +172,10 @@ def main() -> None:
     for name, sec in rows.items():
         print(f"  {name:45s} {1000 * sec:8.1f} ms  {100 * sec * args.steps / total:5.1f} %")
     st.sort_stats("tottime").print_stats(15)
+    syncs = sync_points(step) if model.device.type == "cuda" else []
+    if syncs:
+        print("host waits for the GPU in one step (torch.cuda sync debug mode):")
+        print("\n".join(f"  {line}" for line in syncs))
     synced = gpu_phases(rec, step, args.steps) if model.device.type == "cuda" else {}
     if synced:
         print("each phase on its own, the GPU waited for before and after (median per step):")
@@ -165,7 +187,7 @@ def main() -> None:
                                          "step_ms": step_ms,
                                          "profiled_step_ms": 1000 * total / args.steps,
                                          "phases_ms": {k: 1000 * v for k, v in rows.items()},
-                                         "synced_phases_ms": synced,
+                                         "synced_phases_ms": synced, "sync_points": syncs,
                                          "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None},
                                         indent=1))
 

@@ -183,9 +183,11 @@ class Recognizer:
         for (s, _), frames in zip(pending, logmel_many(self._feature_maker(device), [seg for _, seg in pending])):
             s.add_frames(frames)
         windows = [s.take_window() for s in streams]
-        mel = torch.from_numpy(np.stack([w.mel for w in windows]))
-        meta = torch.tensor([[w.length for w in windows], [w.start for w in windows],
-                             [s.slot for s in streams]], device=device)
+        mel = _host(device, (len(windows), *windows[0].mel.shape), torch.float32)
+        np.stack([w.mel for w in windows], out=mel.numpy())
+        meta = _host(device, (3, len(windows)), torch.int64)
+        meta.numpy()[:] = [[w.length for w in windows], [w.start for w in windows], [s.slot for s in streams]]
+        mel, meta = mel.to(device, non_blocking=True), meta.to(device, non_blocking=True)
         lengths, start, rows = meta[0], meta[1], meta[2]
         full = all(w.start == 0 and w.length == mel.shape[2] for w in windows)
         enc, enc_len = self.encoder_step(cache, rows, mel, lengths, start, full, att_context=self.att_context)
@@ -223,6 +225,13 @@ class Recognizer:
         cache.time.index_fill_(1, rows, 0.0)
         cache.channel_len.index_fill_(0, rows, 0)
         dec.index_copy_(rows, self.search.initial_state(1).expand(int(rows.shape[0])))
+
+
+def _host(device: torch.device, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+    """A host tensor to fill and copy to `device`: pinned for a GPU, so that the copy does not
+    wait for the GPU to finish earlier work (a copy from pageable memory does), and the whole
+    step is queued before the labels are read back."""
+    return torch.empty(shape, dtype=dtype, pin_memory=device.type == "cuda")
 
 
 def transcribe_offline(model: Transducer, audio: Tensor, decoder: GreedyLabelLooping | None = None,

@@ -1,10 +1,13 @@
 """Pickled messages in length-prefixed frames over a Unix socket pair: how the engine's process
 and a front-end process talk (`server/frontends.py`, `server/worker.py`).
 
-Frame: an 8-byte big-endian payload length, then a pickle (numpy arrays travel in-band). The
-engine's end (`NonBlockingEnd`) never blocks: the engine thread reads and writes it between
-steps, so no other thread of the engine's process competes with the engine for the GIL. The
-front end's end (`BlockingEnd`) is served by one reader and one writer thread there.
+Frame: a 16-byte header (body length, number k of out-of-band buffers; big-endian), then the
+body: k buffer lengths (8 bytes each), the pickle (protocol 5), the k buffers. Numpy arrays
+travel out of band, so a receiver's arrays are views of the frame it read: audio is copied
+once, by the kernel. The engine's end (`NonBlockingEnd`) never blocks: the engine thread reads
+and writes it between steps, so no other thread of the engine's process competes with the
+engine for the GIL. The front end's end (`BlockingEnd`) is served by one reader and one writer
+thread there.
 """
 from __future__ import annotations
 
@@ -14,9 +17,9 @@ import struct
 from collections import deque
 from typing import Any
 
-HEADER = struct.Struct("!Q")
+HEADER = struct.Struct("!QQ")
+LENGTH = struct.Struct("!Q")
 SOCKET_BUFFER_BYTES = 4 << 20  # asked of the kernel for each direction (it may give less)
-READ_CHUNK_BYTES = 1 << 20
 READ_BUDGET_BYTES = 32 << 20  # most bytes one `read` takes: a fast writer cannot hold the engine
 
 
@@ -29,9 +32,27 @@ def socket_pair() -> tuple[socket.socket, socket.socket]:
     return ours, theirs
 
 
-def _frame(obj: Any) -> bytes:
-    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    return HEADER.pack(len(payload)) + payload
+def _frame(obj: Any) -> list[memoryview]:
+    """The frame of `obj`: the header and body parts, in order."""
+    buffers: list[pickle.PickleBuffer] = []
+    payload = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    raws = [b.raw() for b in buffers]
+    sizes = b"".join(LENGTH.pack(r.nbytes) for r in raws)
+    body = len(sizes) + len(payload) + sum(r.nbytes for r in raws)
+    return [memoryview(HEADER.pack(body, len(raws)) + sizes + payload), *raws]
+
+
+def _load(body: bytearray, k: int) -> Any:
+    """The message of a frame's body with k out-of-band buffers (views of `body`)."""
+    view = memoryview(body)
+    sizes = [LENGTH.unpack_from(body, LENGTH.size * i)[0] for i in range(k)]
+    at = LENGTH.size * k
+    end = len(body) - sum(sizes)
+    buffers = []
+    for n in sizes:
+        buffers.append(view[end:end + n])
+        end += n
+    return pickle.loads(view[at:len(body) - sum(sizes)], buffers=buffers)
 
 
 class BlockingEnd:
@@ -43,12 +64,13 @@ class BlockingEnd:
 
     def send(self, obj: Any) -> None:
         """Raises OSError when the other end is gone."""
-        self.sock.sendall(_frame(obj))
+        for part in _frame(obj):
+            self.sock.sendall(part)
 
     def recv(self) -> Any:
         """The next message; raises EOFError when the other end closed."""
-        (n,) = HEADER.unpack(self._exactly(HEADER.size))
-        return pickle.loads(self._exactly(n))
+        body, k = HEADER.unpack(self._exactly(HEADER.size))
+        return _load(self._exactly(body), k)
 
     def _exactly(self, n: int) -> bytearray:
         buf = bytearray(n)
@@ -71,8 +93,10 @@ class NonBlockingEnd:
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(False)
         self.sock = sock
-        self._in = bytearray()
-        self._chunk = bytearray(READ_CHUNK_BYTES)
+        self._header = bytearray(HEADER.size)
+        self._body: bytearray | None = None  # the frame being read, once its header is in
+        self._k = 0
+        self._got = 0  # bytes of the header (no body yet) or of the body read so far
         self._out: deque[memoryview] = deque()
         self.broken = False  # a write failed: the other end is gone (`read` then sees EOF)
 
@@ -80,42 +104,37 @@ class NonBlockingEnd:
         return self.sock.fileno()
 
     def read(self) -> tuple[list[Any], bool]:
-        """(the complete messages that arrived, whether the other end closed)."""
-        eof, taken = False, 0
+        """(the complete messages that arrived, whether the other end closed). Each frame's
+        body is read into its own buffer, which the message's arrays then view."""
+        out: list[Any] = []
+        taken = 0
         while taken < READ_BUDGET_BYTES:
+            target = self._header if self._body is None else self._body
             try:
-                k = self.sock.recv_into(self._chunk)
+                k = self.sock.recv_into(memoryview(target)[self._got:])
             except (BlockingIOError, InterruptedError):
-                break
+                return out, False
             except OSError:
-                eof = True
-                break
+                return out, True
             if k == 0:
-                eof = True
-                break
-            self._in += memoryview(self._chunk)[:k]
+                return out, True
             taken += k
-        return self._messages(), eof
-
-    def _messages(self) -> list[Any]:
-        out, at, buf = [], 0, self._in
-        while len(buf) - at >= HEADER.size:
-            (n,) = HEADER.unpack_from(buf, at)
-            end = at + HEADER.size + n
-            if len(buf) < end:
-                break
-            with memoryview(buf)[at + HEADER.size:end] as frame:
-                out.append(pickle.loads(frame))
-            at = end
-        if at:
-            del buf[:at]
-        return out
+            self._got += k
+            if self._got < len(target):
+                continue
+            if self._body is None:
+                size, self._k = HEADER.unpack(self._header)
+                self._body, self._got = bytearray(size), 0
+                if size:
+                    continue
+            out.append(_load(self._body, self._k))
+            self._body, self._got = None, 0
+        return out, False
 
     def send(self, obj: Any) -> None:
         if not self.broken:
-            self._out.append(memoryview(_frame(obj)))
+            self._out.extend(_frame(obj))
             self.flush()
-
     @property
     def wants_write(self) -> bool:
         """Something is queued that the socket did not take yet."""

@@ -4,7 +4,7 @@
 A front end runs the protocol, sessions and everything per message (`server/worker.py`); this
 process keeps only the engine thread, the admin socket and the bridges. A bridge is an `IoSource`
 of the engine: the engine thread itself reads the front end's commands (one message carries every
-stream's audio of one event-loop iteration there) and writes the results it delivers to its
+stream's audio of a few milliseconds there) and writes the results it delivers to its
 streams (one message per engine hand-over), between steps. So the engine's process does no
 per-message websocket or JSON work, and no thread of it competes with the steps for the GIL.
 
@@ -96,7 +96,7 @@ class Bridge:
         batch: list[tuple[str, EngineSession, Any]] = []
         for m in messages:
             kind = m[0]
-            if kind == "audio":  # every stream's audio of one turn: one array, cut here
+            if kind == "audio":  # the queued audio of its streams: one array, cut here
                 for sid, samples in zip(m[1], np.split(m[3], np.cumsum(m[2][:-1]))):
                     if (s := self.sessions.get(sid)) is not None:
                         batch.append(("audio", s, samples))
