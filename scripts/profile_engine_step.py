@@ -5,7 +5,7 @@ stepped by the daemon's `Recognizer` under cProfile, summed by phase.
 Phases: features (each stream's queued audio to the batched log-mel), window assembly, the
 encoder step, the decoder, results (labels read back, per-stream bookkeeping). On a GPU the step
 synchronises once, when the labels are read back: GPU time shows up in the phase that waits
-for it (`to_lists`), so the report also times the same steps without the profiler.
+for it (`Launched.collect`), so the report also times the same steps without the profiler.
 
     python scripts/profile_engine_step.py --device cuda --dtype bf16 --chunk-ms 160 --streams 1792
     python scripts/profile_engine_step.py --model M.pt --device cpu --dtype fp32 --streams 160 --graphs off
@@ -44,8 +44,8 @@ PHASES = {
     "windows (take_window, add_frames)": ("stream.py:take_window", "stream.py:add_frames"),
     "encoder step (launch or replay)": ("encoder_step.py:__call__",),
     "decoder (launch or replay)": ("greedy.py:__call__", "graphs.py:__call__"),
-    "labels read back (waits for the GPU)": ("greedy.py:to_lists", "state.py:to_lists"),
-    "results (per-stream bookkeeping)": ("recognizer.py:_results",),
+    "labels read back (waits for the GPU)": ("recognizer.py:collect",),
+    "results (per-stream bookkeeping)": ("recognizer.py:results",),
     "slot state (index_select / index_copy)": ("state.py:index_select", "state.py:index_copy_"),
 }
 

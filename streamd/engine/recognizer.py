@@ -20,7 +20,7 @@ from torch import Tensor
 from streamd.audio.features import logmel_many
 from streamd.buckets import bucket_size
 from streamd.decoding.graphs import BucketedGraphDecoder, GraphGreedyLabelLooping
-from streamd.decoding.greedy import GreedyLabelLooping
+from streamd.decoding.greedy import BatchedHyps, GreedyLabelLooping
 from streamd.decoding.state import DecoderState
 from streamd.engine.encoder_step import EAGER, EncoderStep, make_encoder_step
 from streamd.engine.stream import ChunkGeometry, Stream
@@ -170,9 +170,15 @@ class Recognizer:
             self._dec = self._dec.to(device, dtype)
         return self._cache, self._dec
 
-    @torch.no_grad()
     def step(self, streams: list[Stream]) -> list[ChunkResult]:
         """Encode and decode one chunk of every given stream (each must be `ready`)."""
+        return self.launch(streams).collect()
+
+    @torch.no_grad()
+    def launch(self, streams: list[Stream]) -> Launched:
+        """Queue the step of `streams` (each must be `ready`) on the model's device and return
+        without waiting for it; `collect()` on the result waits and gives the results. Until
+        then the caller may only push audio to streams: no other step, open or close."""
         cache, dec = self.state_tensors()
         device = cache.channel.device
         self._reset_fresh(cache, dec)
@@ -193,7 +199,7 @@ class Recognizer:
         enc, enc_len = self.encoder_step(cache, rows, mel, lengths, start, full, att_context=self.att_context)
         hyps, new_dec = self.search(enc, enc_len, dec.index_select(rows))
         dec.index_copy_(rows, new_dec)
-        return self._results(streams, hyps.to_lists(), enc_len.tolist())
+        return Launched(self, streams, hyps, enc_len)
 
     def _feature_maker(self, device: torch.device) -> LogMel:
         """The log-mel module a step computes its frames with (follows the model's device)."""
@@ -203,8 +209,9 @@ class Recognizer:
             self._device_logmel = copy.deepcopy(self._logmel).to(device)
         return self._device_logmel
 
-    def _results(self, streams: list[Stream], hyps: list[tuple[list[int], list[int]]],
-                 frames: list[int]) -> list[ChunkResult]:
+    def results(self, streams: list[Stream], hyps: list[tuple[list[int], list[int]]],
+                frames: list[int]) -> list[ChunkResult]:
+        """Advance the streams past a collected step: its labels and encoder frames per stream."""
         out = []
         for s, (toks, times), n in zip(streams, hyps, frames):
             start = s.frames_decoded
@@ -225,6 +232,29 @@ class Recognizer:
         cache.time.index_fill_(1, rows, 0.0)
         cache.channel_len.index_fill_(0, rows, 0)
         dec.index_copy_(rows, self.search.initial_state(1).expand(int(rows.shape[0])))
+
+
+class Launched:
+    """A step queued on the model's device: its labels and frame counts are being copied to
+    (pinned) host memory; `collect` waits for them, once."""
+
+    def __init__(self, rec: Recognizer, streams: list[Stream], hyps: BatchedHyps, enc_len: Tensor) -> None:
+        self._rec, self._streams = rec, streams
+        device = enc_len.device
+        parts = (hyps.labels, hyps.times, hyps.lengths, enc_len)
+        self._host = [_host(device, tuple(t.shape), t.dtype).copy_(t, non_blocking=True) for t in parts]
+        self._done: torch.cuda.Event | None = None
+        if device.type == "cuda":
+            self._done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            self._done.record(torch.cuda.current_stream(device))
+
+    def collect(self) -> list[ChunkResult]:
+        """Wait for the step; each stream's `ChunkResult`, in the order of `streams`."""
+        if self._done is not None:
+            self._done.synchronize()
+        labels, times, lengths, enc_len = self._host
+        hyps = BatchedHyps(labels, times, lengths).to_lists()
+        return self._rec.results(self._streams, hyps, enc_len.tolist())
 
 
 def _host(device: torch.device, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:

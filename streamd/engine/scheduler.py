@@ -234,11 +234,21 @@ class Engine:
         with self._lock:
             sleep = block and not self._inbox
             self._sleeping = sleep
-        events = self._selector.select(timeout if sleep else 0)
+        self._serve_sources(timeout if sleep else 0)
         if sleep:
             with self._lock:
                 self._sleeping = False
-        for key, mask in events:
+        with self._lock:
+            items = list(self._inbox)
+            self._inbox.clear()
+        for kind, session, payload in items:
+            self._apply(kind, session, payload)
+        self._flush()
+        self._update_interest()
+
+    def _serve_sources(self, timeout: float | None) -> None:
+        """Wait for the selector (at most `timeout` s) and let the sources read and write."""
+        for key, mask in self._selector.select(timeout):
             source: IoSource | None = key.data
             if source is None:
                 self._drain_wake_ups()
@@ -247,13 +257,23 @@ class Engine:
                     source.writable()
                 if mask & selectors.EVENT_READ:
                     source.readable()
+
+    def _while_stepping(self) -> None:
+        """While the device runs a launched step: serve the sources and take in audio. Only
+        audio: ends, closes and calls (opens, migrations) wait for the step's results, in order."""
+        self._serve_sources(0)
         with self._lock:
-            items = list(self._inbox)
-            self._inbox.clear()
-        for kind, session, payload in items:
-            self._apply(kind, session, payload)
-        self._flush()
-        self._update_interest()
+            items, self._inbox = self._inbox, deque()
+        later: deque[tuple[str, EngineSession | None, Any]] = deque()
+        for item in items:
+            if item[0] == "audio":
+                self._apply(*item)
+            else:
+                later.append(item)
+        if later:
+            with self._lock:
+                later.extend(self._inbox)
+                self._inbox = later
 
     def _drain_wake_ups(self) -> None:
         try:
@@ -311,7 +331,9 @@ class Engine:
     def _step(self, batch: list[EngineSession]) -> None:
         t0 = time.perf_counter()
         try:
-            results = self.recognizer.step([s.stream for s in batch if s.stream is not None])
+            launched = self.recognizer.launch([s.stream for s in batch if s.stream is not None])
+            self._while_stepping()
+            results = launched.collect()
         except Exception as e:
             log.exception("engine step failed for %d streams", len(batch))
             for s in batch:

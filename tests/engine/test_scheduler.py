@@ -18,13 +18,13 @@ def test_streams_closing_during_the_batch_wait_start_no_empty_step(caplog: pytes
     nothing to step: no step runs, and nothing is logged as a failed step."""
     rec = Recognizer(random_model(), capacity=4)
     batches: list[int] = []
-    real_step = rec.step
+    real_launch = rec.launch
 
-    def step(streams: list[Stream]) -> object:
+    def launch(streams: list[Stream]) -> object:
         batches.append(len(streams))
-        return real_step(streams)
+        return real_launch(streams)
 
-    rec.step = step  # type: ignore[method-assign]
+    rec.launch = launch  # type: ignore[method-assign, assignment]
 
     async def main() -> None:
         engine = Engine(rec, max_batch=4, batch_wait_s=0.5)
@@ -75,3 +75,49 @@ def test_capture_graphs_stops_when_the_gpu_runs_out_of_memory(monkeypatch: pytes
     monkeypatch.setattr(rec, "step", step)
     sizes = rec.capture_graphs(40)
     assert sizes and max(sizes) == 16 and rec.active == 0
+
+
+def _transcript(engine_results: list[object]) -> tuple[list[int], int]:
+    tokens = [t for r in engine_results for t in r.tokens]  # type: ignore[attr-defined]
+    return tokens, engine_results[-1].frame_end  # type: ignore[attr-defined]
+
+
+def test_audio_and_an_end_arriving_while_a_step_runs() -> None:
+    """While the device runs a launched step the engine takes in audio (even for a stream of that
+    step), but an end waits for the step's results: the stream's results come in order, cover
+    all its audio, and equal those of the same audio sent at once."""
+    audio = np.random.default_rng(3).standard_normal(16000 * 4).astype(np.float32) * 0.1
+    head, tail = audio[:16000 * 3], audio[16000 * 3:]  # the head holds a first chunk at any right context
+
+    async def run(split: bool) -> list[object]:
+        rec = Recognizer(random_model(seed=1), capacity=2)
+        engine = Engine(rec, max_batch=2, batch_wait_s=0.0)
+        engine.start()
+        real_launch = rec.launch
+        try:
+            session = await engine.open()
+            if split:
+                def launch(streams: list[Stream]) -> object:
+                    launched = real_launch(streams)
+                    if rec.launch is launch:  # the first step: the rest arrives while it runs
+                        rec.launch = real_launch  # type: ignore[method-assign]
+                        engine.push(session, tail)
+                        engine.end(session)
+                    return launched
+
+                rec.launch = launch  # type: ignore[method-assign, assignment]
+                engine.push(session, head)
+            else:
+                engine.push(session, audio)
+                engine.end(session)
+            results = []
+            while (item := await session.results.get()) is not None:
+                results.append(item)
+            return results
+        finally:
+            await engine.stop()
+
+    split, whole = asyncio.run(run(True)), asyncio.run(run(False))
+    assert len(split) >= 2 and all(not isinstance(r, Exception) for r in split)
+    assert _transcript(split) == _transcript(whole)
+    assert _transcript(whole)[1] == 16000 * 4 // 160 // 8 + 1  # every encoder frame of the audio decoded
