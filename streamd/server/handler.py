@@ -24,7 +24,7 @@ from streamd.model.tokenizer import Tokenizer
 from streamd.engine.recognizer import CapacityError, ChunkResult
 from streamd.engine.scheduler import Engine, EngineClient, EngineSession, StreamFailed
 from streamd.engine.stream import ChunkGeometry
-from streamd.engine.utterances import Utterance, UtteranceTracker
+from streamd.session.utterances import Utterance, UtteranceTracker
 from streamd.model.transducer import Transducer
 from streamd.errors import (BacklogExceeded, IdleTimeout, InternalError, Overloaded, SessionExpired, SlowConsumer,
                             StreamdError)
