@@ -159,6 +159,7 @@ class StreamSession:
         self.segment = None
 
     def summary(self, reason: Literal["stop", "shutdown"], session_seconds: float) -> p.Summary:
+        """The closing message of a stream that lasted `session_seconds`."""
         return p.Summary(self.utterances, self.partials, self.received_s, session_seconds, reason)
 
     def _open(self, after: Segment | None = None) -> None:

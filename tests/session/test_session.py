@@ -85,7 +85,8 @@ def test_finalize_ends_the_segment_and_the_next_continues_in_stream_time() -> No
     assert s.receive_result(first, ChunkResult(THE, [1], 0, 4)) == [p.Partial(0, "the", 0.0, 0.32, 0.32)]
     assert s.receive(FINALIZE) == p.Finalize()
     end, opened = s.commands()
-    assert end == End(first) and isinstance(opened, Open) and opened.after is first  # a full engine frees `first`'s slot
+    # `after`: a full engine frees `first`'s slot for the next segment
+    assert end == End(first) and isinstance(opened, Open) and opened.after is first
     second = opened.segment
     assert second.offset_s == 0.5 and s.segment is second
     s.receive(pcm(0.5))
