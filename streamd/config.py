@@ -177,7 +177,7 @@ class EngineConfig:
 class EndpointingConfig:
     """Server-wide endpoint rules in milliseconds; 0 disables a rule.
 
-    See ``docs/protocol.md`` (Endpointing) and ``streamd.engine.endpoint``.
+    See ``docs/protocol.md`` (Endpointing) and ``streamd.session.endpoint``.
     """
 
     silence_after_speech_ms: int = 800

@@ -2,7 +2,8 @@
 
 `streamd.model` (the network, its checkpoint loader, feature front end and tokenizer) is the
 bottom: it imports nothing from `streamd.audio` (live features, PCM intake) or `streamd.decoding`
-(search). The clients speak only the wire protocol: nothing of the server, engine or model.
+(search). The clients speak only the wire protocol: nothing of the server, engine or model. A stream
+session (`streamd.session`) does no I/O: no sockets, tasks or threads, nothing of the server.
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ def violations(layer: str, forbidden: tuple[str, ...]) -> dict[str, str]:
 @pytest.mark.parametrize(("layer", "forbidden"), [
     ("model", ("streamd.audio", "streamd.decoding", "streamd.engine", "streamd.server", "streamd.clients")),
     ("clients", ("streamd.server", "streamd.engine", "streamd.model", "streamd.decoding", "torch")),
+    ("session", ("streamd.server", "streamd.clients", "websockets", "asyncio", "threading", "socket")),
 ])
 def test_no_upward_imports(layer: str, forbidden: tuple[str, ...]) -> None:
     assert violations(layer, forbidden) == {}

@@ -1,9 +1,9 @@
-"""One websocket connection: receive audio and controls, send partials and finals.
+"""One websocket connection: the I/O around a `StreamSession` (`streamd.session.core`).
 
-Two tasks per connection: the receiver (this coroutine) decodes PCM and feeds the engine; the
-sender turns engine results into protocol messages. A stream is one or more engine *segments*:
-`finalize` flushes the current segment and starts a new one, so the utterance it closes
-includes all audio sent before it.
+`Connection` owns the socket, timeouts, engine slots and back-pressure, and pumps: client messages
+into the session and its engine commands to the engine (the receiver, this coroutine); engine
+results into the session and its messages to the client (the sender task). What the messages
+and commands are is the session's.
 """
 from __future__ import annotations
 
@@ -14,17 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
-from streamd.audio.pcm import PcmDecoder
 from streamd.config import Config
 from streamd.model.tokenizer import Tokenizer
-from streamd.engine.recognizer import CapacityError, ChunkResult
+from streamd.engine.recognizer import CapacityError
 from streamd.engine.scheduler import Engine, EngineClient, EngineSession, StreamFailed
 from streamd.engine.stream import ChunkGeometry
-from streamd.engine.utterances import Utterance, UtteranceTracker
 from streamd.model.transducer import Transducer
 from streamd.errors import (BacklogExceeded, IdleTimeout, InternalError, Overloaded, SessionExpired, SlowConsumer,
                             StreamdError)
@@ -32,6 +29,7 @@ from streamd import protocol as p
 from streamd.server.admission import Capacity
 from streamd.server.metrics import Metrics
 from streamd.server.resume import Attach, ResumeState, Sessions, session_id_of
+from streamd.session.core import End, Open, Result, Segment, StreamSession
 
 log = logging.getLogger("streamd.server")
 
@@ -124,18 +122,20 @@ class ServerState(StreamContext):
     master: Transducer = field(kw_only=True)  # fp32 CPU weights as loaded
 
 
-@dataclass
-class Segment:
-    session: EngineSession
-    offset_s: float  # stream time at which this segment's audio starts
-    end_reason: str = "end_of_stream"
+@dataclass(eq=False)
+class Slot:
+    """A segment's engine stream."""
+
+    segment: Segment
+    engine: EngineSession
     flushed: asyncio.Event = field(default_factory=asyncio.Event)  # all results in: its slot is free
 
 
 class Connection:
     def __init__(self, ws: ServerConnection, state: StreamContext) -> None:
         self.ws, self.state = ws, state
-        self.proto = p.SessionProtocol()
+        self.session = StreamSession(state.geometry, state.tokenizer, state.config.endpointing,
+                                     state.metrics.count_endpoint)
         self.id = session_id_of(ws)
         # Resume (streamd.server.resume): native streams record what they send once `start` is
         # taken; a dropped connection parks the stream for a client that resumes it.
@@ -145,23 +145,14 @@ class Connection:
         self._attached: Attach | None = None  # the connection a resume handed over, if any
         self._send_lock = asyncio.Lock()
         self._handoff_task: asyncio.Task[None] | None = None
-        self.segments: asyncio.Queue[Segment | None] = asyncio.Queue()
-        self.opened: list[Segment] = []  # every segment of the stream, closed when it ends
-        self.utterance = 0
-        self.partials = 0
-        self.last_partial: tuple[int, str] = (-1, "")
-        # The model's time base: its sample rate, seconds and milliseconds per encoder frame.
-        g = state.geometry
-        self.rate, self.frame_s, self.frame_ms = g.sample_rate, g.frame_seconds, g.frame_ms
-        self.samples_in = 0  # samples at the model's rate handed to the engine
-        self.decoded_s = 0.0  # stream time up to which results have come back
+        self.slots: dict[Segment, Slot] = {}  # every segment's engine stream, closed when it ends
+        self.opened: asyncio.Queue[Slot | None] = asyncio.Queue()  # to the sender, in order; None: no more
         # At least 3 chunks: the first result needs a chunk plus the lookahead, so a smaller limit
         # would hold a paced client back before anything could be decoded.
         self.backlog_limit_s = max(state.config.server.max_backlog_s,
                                    3 * state.chunk_ms / 1000)
-        self._progress = asyncio.Event()  # set whenever `decoded_s` moves
+        self._progress = asyncio.Event()  # set whenever the session's `decoded_s` moves
         self.started = time.monotonic()
-        self.start: p.Start | None = None
         self._waiting: asyncio.Timeout | None = None  # the deadline of a receive shutdown may cut
         self._failed: BaseException | None = None  # why the sender stopped early; ends the receive
 
@@ -184,7 +175,7 @@ class Connection:
                 self.state.sessions.remove(self.id)
             if self._attached is not None:
                 self._attached.release()
-            log.info("disconnect %s (%s) after %.1f s of audio", self.id, reason, self.samples_in / self.rate)
+            log.info("disconnect %s (%s) after %.1f s of audio", self.id, reason, self.session.received_s)
 
     async def _watch_shutdown(self) -> None:
         """On shutdown, end the receive that is waiting now (it returns None)."""
@@ -198,35 +189,28 @@ class Connection:
         if first is None:  # shutting down before "start": nothing to drain
             await self.ws.close(p.CloseCode.GOING_AWAY)
             return "shutdown"
-        if isinstance(first, bytes):
-            self.proto.receive_audio()  # raises: audio before start
-        assert isinstance(first, str)
-        msg = self.proto.receive_text(first)
+        msg = self.session.receive(first)  # raises unless it is "start"
         assert isinstance(msg, p.Start)
         if msg.resume is not None:
             attach = self.state.sessions.resume(msg.resume.session_id, self.ws, msg.resume.last_seq)
             self.state.metrics.resumes.labels(result="resumed" if attach else "fresh").inc()
             if attach is not None:
-                return await self._carry(attach)
-        self.start = msg
-        pcm = PcmDecoder(msg.sample_rate, msg.encoding, msg.channels, model_rate=self.rate)
-        rules = msg.endpointing.resolve(self.state.config.endpointing)
-        segment = await self._open_segment(0.0)
+                return await self._carry(attach)  # the session's commands are never run
         sender: asyncio.Task[None] | None = None
         try:
+            await self._run_commands()  # open the first segment
             self.resumable = self.state.sessions.grace_s > 0
             await self._send(p.Ready(self.id, self.state.model_name, self.state.device, self.state.dtype,
-                                     self.state.chunk_ms, msg.sample_rate, rules,
+                                     self.state.chunk_ms, msg.sample_rate, self.session.rules,
                                      cfg.idle_timeout_s, cfg.max_session_s))
             if self.resumable:
                 self.state.sessions.add(self.resume, self._drop, self._handoff)
-            sender = asyncio.create_task(self._sender(rules))
+            sender = asyncio.create_task(self._sender())
             sender.add_done_callback(self._sender_done)
-            reason, segment = await self._receive_loop(pcm, segment, sender)
-            segment.end_reason = "end_of_stream"
-            self._push(segment, pcm.flush())
-            self.state.engine.end(segment.session)
-            await self.segments.put(None)
+            reason = await self._receive_loop(sender)
+            if reason == "shutdown":
+                self.session.end()
+            await self._run_commands()
             if reason == "stop":
                 await self._flush_after_stop(sender)
             else:
@@ -234,10 +218,10 @@ class Connection:
         finally:
             if sender is not None:
                 sender.cancel()
-            for seg in self.opened:
-                self.state.engine.close(seg.session)
-        await self._send(p.Summary(self.utterance, self.partials, self.samples_in / self.rate,
-                                   time.monotonic() - self.started, "shutdown" if reason == "shutdown" else "stop"))
+            for slot in self.slots.values():
+                self.state.engine.close(slot.engine)
+        await self._send(self.session.summary("shutdown" if reason == "shutdown" else "stop",
+                                              time.monotonic() - self.started))
         await self._close(p.CloseCode.GOING_AWAY if reason == "shutdown" else p.CloseCode.NORMAL_CLOSURE)
         return reason
 
@@ -249,55 +233,58 @@ class Connection:
         if self._waiting is not None:
             self._waiting.reschedule(asyncio.get_running_loop().time())
 
-    async def _receive_loop(self, pcm: PcmDecoder, segment: Segment,
-                            sender: asyncio.Task[None]) -> tuple[str, Segment]:
-        """Feed audio and controls until `stop` or shutdown; returns why, and the open segment."""
+    async def _receive_loop(self, sender: asyncio.Task[None]) -> str:
+        """Feed the session audio and controls until `stop` or shutdown; returns which."""
         cfg = self.state.config.server
         while True:
             if time.monotonic() - self.started > cfg.max_session_s:
                 raise SessionExpired(f"session longer than max_session_s={cfg.max_session_s:g}")
             data = await self._recv(cfg.idle_timeout_s, allow_shutdown=True)
             if data is None:
-                return "shutdown", segment
+                return "shutdown"
+            msg = self.session.receive(data)
+            await self._run_commands()
             if isinstance(data, bytes):
-                self.proto.receive_audio()
                 self.resume.audio_bytes += len(data)
-                self._push(segment, pcm.feed(data))
-                if self.backlog_s > self.backlog_limit_s and not await self._hold_backlog(sender):
-                    return "shutdown", segment
-                continue
-            msg = self.proto.receive_text(data)
-            if isinstance(msg, p.Stop):
-                return "stop", segment
-            if isinstance(msg, p.Finalize):
+                if self.session.backlog_s > self.backlog_limit_s and not await self._hold_backlog(sender):
+                    return "shutdown"
+            elif isinstance(msg, p.Stop):
+                return "stop"
+            elif isinstance(msg, p.Finalize):
                 self.resume.finalizes += 1
-                segment.end_reason = "finalize"
-                self.state.engine.end(segment.session)
-                segment = await self._open_segment(self.samples_in / self.rate, after=segment)
 
-    async def _open_segment(self, offset_s: float, after: Segment | None = None) -> Segment:
-        """A new engine segment starting at stream time `offset_s`. After `finalize` (`after`: the
-        segment it ended) a full engine waits for that segment's slot: the stream never needs two."""
+    async def _run_commands(self) -> None:
+        """Run the engine commands the session queued, in order."""
+        for command in self.session.commands():
+            if isinstance(command, Open):
+                await self._open_segment(command.segment, command.after)
+                continue
+            engine = self.slots[command.segment].engine
+            if isinstance(command, End):
+                self.state.engine.end(engine)
+                if command.last:
+                    await self.opened.put(None)
+            else:
+                self.state.metrics.audio_seconds.inc(command.samples.size / self.session.rate)
+                self.state.engine.push(engine, command.samples)
+
+    async def _open_segment(self, segment: Segment, after: Segment | None) -> None:
+        """An engine stream for `segment`. After `finalize` (`after`: the segment it ended) a full
+        engine waits for that segment's slot: the stream never needs two."""
         try:
-            session = await self.state.engine.open()
+            engine = await self.state.engine.open()
         except CapacityError as e:
             if after is not None:
                 try:
-                    await asyncio.wait_for(after.flushed.wait(), self.state.config.server.idle_timeout_s)
-                    return await self._open_segment(offset_s)
+                    await asyncio.wait_for(self.slots[after].flushed.wait(), self.state.config.server.idle_timeout_s)
+                    return await self._open_segment(segment, None)
                 except TimeoutError:
                     pass
             self.state.metrics.rejections.labels(reason="overloaded").inc()
             raise Overloaded(str(e)) from None
-        seg = Segment(session, offset_s)
-        self.opened.append(seg)
-        await self.segments.put(seg)
-        return seg
-
-    @property
-    def backlog_s(self) -> float:
-        """Seconds of this stream's audio received but not yet decoded."""
-        return self.samples_in / self.rate - self.decoded_s
+        slot = Slot(segment, engine)
+        self.slots[segment] = slot
+        await self.opened.put(slot)
 
     async def _hold_backlog(self, sender: asyncio.Task[None]) -> bool:
         """The stream is more than `max_backlog_s` ahead of decoding. Policy `close`: raise
@@ -311,7 +298,7 @@ class Connection:
         self.state.metrics.backlog.labels(action="paced").inc()
         shutdown = asyncio.ensure_future(self.state.shutdown.wait())
         try:
-            while self.backlog_s > self.backlog_limit_s and not sender.done() and not shutdown.done():
+            while self.session.backlog_s > self.backlog_limit_s and not sender.done() and not shutdown.done():
                 self._progress.clear()
                 progress = asyncio.ensure_future(self._progress.wait())
                 await asyncio.wait({progress, sender, shutdown}, return_when=asyncio.FIRST_COMPLETED)
@@ -322,21 +309,14 @@ class Connection:
         finally:
             shutdown.cancel()
 
-    def _push(self, segment: Segment, samples: np.ndarray) -> None:
-        self.samples_in += samples.size
-        self.state.metrics.audio_seconds.inc(samples.size / self.rate)
-        self.state.engine.push(segment.session, samples)
-
     async def _flush_after_stop(self, sender: asyncio.Task[None]) -> None:
         """Wait for the last results; a client message before they are all sent breaks the protocol."""
         late = asyncio.ensure_future(self.ws.recv())
         await asyncio.wait({sender, late}, return_when=asyncio.FIRST_COMPLETED)
         if not late.done():
             late.cancel()
-        elif isinstance(data := late.result(), bytes):
-            self.proto.receive_audio()  # raises: audio after stop
         else:
-            self.proto.receive_text(data)  # raises: a message after stop
+            self.session.receive(late.result())  # raises: a message after stop
         await sender
 
     async def _recv(self, timeout: float, allow_shutdown: bool = False) -> str | bytes | None:
@@ -379,58 +359,37 @@ class Connection:
         finally:
             self._waiting = None
 
-    async def _sender(self, rules: object) -> None:
-        index = 0
-        while (seg := await self.segments.get()) is not None:
-            tracker = UtteranceTracker(rules, self.frame_ms, index,  # type: ignore[arg-type]
-                                       self.state.metrics.count_endpoint)
-            frame_end = 0
-            while (item := await seg.session.results.get()) is not None:
+    async def _sender(self) -> None:
+        """The engine's results, segment after segment, through the session to the client."""
+        while (slot := await self.opened.get()) is not None:
+            while (item := await slot.engine.results.get()) is not None:
                 if isinstance(item, StreamFailed):
                     raise InternalError(str(item))
-                frame_end = item.frame_end
-                self.decoded_s = seg.offset_s + frame_end * self.frame_s
+                results = self.session.receive_result(slot.segment, item)
                 self._progress.set()
-                for u in tracker.on_chunk(item):
-                    await self._emit(u, seg, item)
-            seg.flushed.set()
-            await self._emit(tracker.close(seg.end_reason, frame_end), seg, None, frame_end)
-            index = tracker.index
+                await self._deliver_all(results)
+            slot.flushed.set()
+            await self._deliver_all(self.session.segment_flushed(slot.segment))
 
-    async def _emit(self, u: Utterance, seg: Segment, item: ChunkResult | None, frame_end: int | None = None) -> None:
-        assert self.start is not None
-        end_frame = item.frame_end if item is not None else (frame_end or u.end)
-        processed = min(seg.offset_s + end_frame * self.frame_s, self.samples_in / self.rate)
-        text = self.state.tokenizer.decode(u.tokens)
-        start, end = seg.offset_s + u.start * self.frame_s, seg.offset_s + u.end * self.frame_s
-        lag = max(0.0, self.samples_in / self.rate - processed)
-        if u.final:
-            words = tokens = None
-            if self.start.word_times:
-                words = tuple(p.Word(w, round(seg.offset_s + a * self.frame_s, 3),
-                                     round(seg.offset_s + (b + 1) * self.frame_s, 3))
-                              for w, a, b in self.state.tokenizer.words(u.tokens, u.times))
-                tokens = tuple(self.state.tokenizer.id_to_piece(t) for t in u.tokens)
-            await self._deliver(p.Final(u.index, text, start, end, processed, u.reason, words, tokens), seg)  # type: ignore[arg-type]
-            self.utterance = u.index + 1
-            self.state.metrics.final_latency.observe(lag)
-        elif self.start.interim_results and self.last_partial != (u.index, text):
-            self.last_partial = (u.index, text)
-            self.partials += 1
-            await self._deliver(p.Partial(u.index, text, start, end, processed), seg)
-            self.state.metrics.partial_latency.observe(lag)
+    async def _deliver_all(self, results: list[Result]) -> None:
+        for result in results:
+            # Latency in audio time: received but not reflected in the result when it is sent.
+            lag = max(0.0, self.session.received_s - result.audio_processed)
+            await self._deliver(result)
+            metrics = self.state.metrics
+            (metrics.final_latency if isinstance(result, p.Final) else metrics.partial_latency).observe(lag)
 
-    async def _deliver(self, result: p.Partial | p.Final, seg: Segment) -> None:
-        """Send a result of `seg` to the client (another protocol face maps it to its own events)."""
+    async def _deliver(self, result: Result) -> None:
+        """Send a result to the client (another protocol face maps it to its own events)."""
         await self._send(result)
 
     async def _send(self, msg: p.ServerMessage) -> None:
         async with self._send_lock:
-            text = self.proto.encode(msg)
+            text = self.session.proto.encode(msg)
             if not self.resumable:
                 await self._send_text(text)
                 return
-            self.resume.record(self.proto.seq - 1, text)
+            self.resume.record(self.session.proto.seq - 1, text)
             try:
                 await self._send_text(text)
             except ConnectionClosed:
@@ -512,7 +471,7 @@ class Connection:
         log.info("connection %s: %s: %s", self.id, exc.code, exc.message)
         try:
             # A slow consumer is not reading: its close frame (with the reason) is all it may still see.
-            if self.proto.phase is not p.Phase.CLOSED and not isinstance(exc, SlowConsumer):
+            if self.session.proto.phase is not p.Phase.CLOSED and not isinstance(exc, SlowConsumer):
                 await self._send(p.Error.from_exception(exc))
             await self._close(code, reason)
         except (ConnectionClosed, SlowConsumer):

@@ -23,7 +23,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
-from streamd.engine.endpoint import EndpointRule
+from streamd.session.endpoint import EndpointRule
 
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST

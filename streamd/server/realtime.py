@@ -26,11 +26,11 @@ import numpy.typing as npt
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
-from streamd.audio.pcm import PcmDecoder
 from streamd.config import MAX_ENDPOINT_MS
 from streamd.errors import MAX_ECHO_CHARS, SessionExpired, SlowConsumer, StreamdError, echo
 from streamd import protocol as p
-from streamd.server.handler import Connection, Segment, StreamContext
+from streamd.server.handler import Connection, StreamContext
+from streamd.session.core import Result
 
 log = logging.getLogger("streamd.server")
 
@@ -251,8 +251,6 @@ class RealtimeConnection(Connection):
         self.beta = "realtime=v1" in ws.request.headers.get("OpenAI-Beta", "")
         self.intent = parse_qs(urlsplit(ws.request.path).query).get("intent", ["transcription"])[-1]
         self.config = SessionConfig()
-        self.pcm: PcmDecoder | None = None
-        self.segment: Segment | None = None
         self.sender: asyncio.Task[None] | None = None
         self.appended = False  # audio since the last commit or clear
         self.events = 0
@@ -280,8 +278,8 @@ class RealtimeConnection(Connection):
         finally:
             if self.sender is not None:
                 self.sender.cancel()
-            for seg in self.opened:
-                self.state.engine.close(seg.session)
+            for slot in self.slots.values():
+                self.state.engine.close(slot.engine)
         await self._close(p.CloseCode.GOING_AWAY)
         return "shutdown"
 
@@ -317,7 +315,7 @@ class RealtimeConnection(Connection):
                 raise RealtimeError("missing_required_parameter", f"{kind} needs \"session\"", "session")
             session = _object(event["session"], "session") or {}
             config = (update_beta if beta else update_ga)(self.config, session)
-            if self.pcm is not None and config != self.config:
+            if self.session.start is not None and config != self.config:
                 raise RealtimeError("session_update_after_audio", "the audio format and turn detection cannot "
                                     "change once audio was appended; open a new session", "session")
             self.config = config
@@ -332,43 +330,37 @@ class RealtimeConnection(Connection):
     async def _append(self, audio: bytes) -> None:
         if not audio:
             return
-        if self.pcm is None:
-            self.start = self.config.start()
-            self.pcm = PcmDecoder(self.start.sample_rate, self.start.encoding, model_rate=self.rate)
-            self.segment = await self._open_segment(0.0)
-            self.sender = asyncio.create_task(
-                self._sender(self.start.endpointing.resolve(self.state.config.endpointing)))
+        if self.session.start is None:
+            self.session.begin(self.config.start())
+            await self._run_commands()  # open the first segment
+            self.sender = asyncio.create_task(self._sender())
             self.sender.add_done_callback(self._sender_done)
-        assert self.segment is not None and self.sender is not None
+        assert self.sender is not None
         if self.config.format != "pcm16":
             audio = G711[self.config.format][np.frombuffer(audio, dtype=np.uint8)].tobytes()
-        self._push(self.segment, self.pcm.feed(audio))
+        self.session.feed(audio)
+        await self._run_commands()
         self.appended = True
-        if self.backlog_s > self.backlog_limit_s:
+        if self.session.backlog_s > self.backlog_limit_s:
             await self._hold_backlog(self.sender)  # on shutdown, the next receive ends the loop
 
-    async def _next_segment(self, reason: str) -> None:
+    async def _next_segment(self, reason: Literal["finalize", "clear"]) -> None:
         """End the open segment (`finalize`: transcribe it; `clear`: drop its results) and open the next."""
-        assert self.segment is not None
-        self.segment.end_reason = reason
-        self.state.engine.end(self.segment.session)
-        self.segment = await self._open_segment(self.samples_in / self.rate, after=self.segment)
+        self.session.finalize(reason)
+        await self._run_commands()
         self.appended = False
 
     async def _drain(self) -> None:
         """Shutting down: transcribe the audio not yet committed, then let the sender finish."""
-        if self.segment is None or self.pcm is None or self.sender is None:
+        if self.session.segment is None or self.sender is None:
             return
-        self.segment.end_reason = "end_of_stream"
-        self._push(self.segment, self.pcm.flush())
-        self.state.engine.end(self.segment.session)
-        await self.segments.put(None)
+        self.session.end()
+        await self._run_commands()
         await self.sender
 
-    async def _deliver(self, result: p.Partial | p.Final, seg: Segment) -> None:
-        """Map a native result to realtime events (see the module doc)."""
-        if seg.end_reason == "clear":
-            return
+    async def _deliver(self, result: Result) -> None:
+        """Map a native result to realtime events (see the module doc); the session drops the
+        results of a cleared segment."""
         item = f"item_{self.id}_{result.utterance}"
         if isinstance(result, p.Partial):
             await self._speech_started(result, item)

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from streamd.config import EndpointingConfig
-from streamd.engine.endpoint import Endpointer, EndpointRule
+from streamd.session.endpoint import Endpointer, EndpointRule
 from streamd.engine.stream import ChunkGeometry
 from streamd.model.dims import ModelDims
 from streamd.server.metrics import ENDPOINT_RULES

@@ -12,7 +12,7 @@ utterance's last speech frame (or since its start).
   lasted the limit; it is discarded (no final is sent).
 - ``max_utterance_ms``: the utterance reached the limit; it is cut there.
 
-Limits are rounded up to whole frames; 0 disables a rule. The engine sends a
+Limits are rounded up to whole frames; 0 disables a rule. The session sends a
 final only for utterances that produced tokens (see ``docs/protocol.md``).
 """
 from __future__ import annotations

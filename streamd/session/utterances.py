@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from streamd.config import EndpointingConfig
-from streamd.engine.endpoint import Endpointer, EndpointRule
+from streamd.session.endpoint import Endpointer, EndpointRule
 from streamd.engine.recognizer import ChunkResult
 
 REASONS = {EndpointRule.SILENCE_AFTER_SPEECH: "endpoint", EndpointRule.MAX_UTTERANCE: "max_utterance"}

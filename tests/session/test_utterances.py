@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from streamd.config import EndpointingConfig
 from streamd.engine.recognizer import ChunkResult
-from streamd.engine.utterances import UtteranceTracker
+from streamd.session.utterances import UtteranceTracker
 
 
 def chunk(tokens: list[int], times: list[int], start: int, end: int) -> ChunkResult:

@@ -1,0 +1,222 @@
+"""One stream's conversation, without sockets, threads or timers (the Sans-I/O style).
+
+`StreamSession` takes what the client sent (`receive`, or `begin`/`feed`/`finalize`/`end` for
+another protocol face) and what the engine returned (`receive_result`, `segment_flushed`). It
+answers with the messages to send (returned) and queues the engine commands to run (`commands`:
+`Open`, `Push`, `End`, in order). It owns the protocol state, the segments (`finalize` ends one
+engine stream and opens the next, so the utterance it closes holds all audio sent before it),
+utterances and endpointing, the time base (encoder frames to stream seconds), partial
+de-duplication and word times. The caller (`server/handler.py`) owns the I/O: the socket,
+timeouts, engine slots and back-pressure.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, cast
+
+from streamd import protocol as p
+from streamd.audio.pcm import PcmDecoder, Samples
+from streamd.config import EndpointingConfig
+from streamd.engine.recognizer import ChunkResult
+from streamd.engine.stream import ChunkGeometry
+from streamd.model.tokenizer import Tokenizer
+from streamd.session.endpoint import EndpointRule
+from streamd.session.utterances import Utterance, UtteranceTracker
+
+# Why a segment ended: its open utterance's final says so; `clear` (a realtime face) drops its results.
+SegmentEnd = Literal["finalize", "end_of_stream", "clear"]
+Result = p.Partial | p.Final
+
+
+@dataclass(eq=False)
+class Segment:
+    """One engine stream of the session, starting `offset_s` seconds into the stream."""
+
+    offset_s: float
+    end_reason: SegmentEnd = "end_of_stream"
+    frame_end: int = 0  # encoder frames of it decoded so far
+
+
+@dataclass(frozen=True)
+class Open:
+    """Open an engine stream for `segment`. `after`: the segment a `finalize` just ended; a full
+    engine frees that one's slot for it (a stream never needs two)."""
+
+    segment: Segment
+    after: Segment | None = None
+
+
+@dataclass(frozen=True)
+class Push:
+    """Audio for `segment`'s engine stream: float32 mono at the model's rate."""
+
+    segment: Segment
+    samples: Samples
+
+
+@dataclass(frozen=True)
+class End:
+    """No more audio for `segment`: flush it. `last`: no segment follows (the stream ended)."""
+
+    segment: Segment
+    last: bool = False
+
+
+Command = Open | Push | End
+
+
+class StreamSession:
+    """The protocol and result state of one stream.
+
+    Args:
+        geometry: the model's time base (its sample rate and encoder frame).
+        tokenizer: token ids to text, pieces and words.
+        endpointing: the server's endpoint rules, which ``start`` may override.
+        on_endpoint: hears the rule of every endpoint (the metric).
+    """
+
+    def __init__(self, geometry: ChunkGeometry, tokenizer: Tokenizer, endpointing: EndpointingConfig,
+                 on_endpoint: Callable[[EndpointRule], None] | None = None) -> None:
+        self.proto = p.SessionProtocol()
+        self.tokenizer, self.on_endpoint = tokenizer, on_endpoint
+        self.rate, self.frame_s, self.frame_ms = geometry.sample_rate, geometry.frame_seconds, geometry.frame_ms
+        self.start: p.Start | None = None
+        self.rules = endpointing  # the stream's, once started
+        self.segment: Segment | None = None  # the one audio goes to; None before start and after the end
+        self.samples_in = 0  # samples at the model's rate handed to the engine
+        self.decoded_s = 0.0  # stream time up to which results have come back
+        self.utterances = 0  # index after the last final
+        self.partials = 0  # partials sent
+        self._last_partial: tuple[int, str] = (-1, "")
+        self._pcm: PcmDecoder | None = None
+        self._commands: list[Command] = []
+        self._tracker: tuple[Segment, UtteranceTracker] | None = None  # of the segment whose results come in
+        self._next_utterance = 0  # the first utterance index of the next segment
+
+    @property
+    def received_s(self) -> float:
+        """Stream time of the audio received."""
+        return self.samples_in / self.rate
+
+    @property
+    def backlog_s(self) -> float:
+        """Seconds of audio received but not yet decoded."""
+        return self.received_s - self.decoded_s
+
+    def commands(self) -> list[Command]:
+        """The engine commands queued since the last call, in the order to run them."""
+        out, self._commands = self._commands, []
+        return out
+
+    # -- the client's side -----------------------------------------------------------------------
+    def receive(self, data: str | bytes) -> p.ClientMessage | None:
+        """Take one client message: text (parsed and returned) or audio (None).
+
+        Raises:
+            ProtocolViolation: a malformed message, or one not allowed now.
+            UnsupportedAudio: ``start`` names an audio format streamd rejects.
+        """
+        if isinstance(data, bytes):
+            self.proto.receive_audio()
+            self.feed(data)
+            return None
+        message = self.proto.receive_text(data)
+        if isinstance(message, p.Start):
+            self.begin(message)
+        elif isinstance(message, p.Finalize):
+            self.finalize()
+        elif isinstance(message, p.Stop):
+            self.end()
+        return message
+
+    def begin(self, start: p.Start) -> None:
+        """Start the stream with `start`'s format and options: its first segment opens at time 0."""
+        self.start = start
+        self.rules = start.endpointing.resolve(self.rules)
+        self._pcm = PcmDecoder(start.sample_rate, start.encoding, start.channels, model_rate=self.rate)
+        self._open()
+
+    def feed(self, audio: bytes) -> None:
+        """PCM bytes of the started stream, of any size."""
+        assert self._pcm is not None
+        self._push(self._pcm.feed(audio))
+
+    def finalize(self, reason: Literal["finalize", "clear"] = "finalize") -> None:
+        """End the open segment and open the next. `finalize`: its open utterance becomes a final;
+        `clear`: its results from now on are dropped."""
+        assert self.segment is not None
+        self.segment.end_reason = reason
+        self._commands.append(End(self.segment))
+        self._open(after=self.segment)
+
+    def end(self) -> None:
+        """The end of the audio (``stop``, or the server shutting down): flush the last segment."""
+        assert self._pcm is not None
+        self._push(self._pcm.flush())
+        assert self.segment is not None
+        self._commands.append(End(self.segment, last=True))
+        self.segment = None
+
+    def summary(self, reason: Literal["stop", "shutdown"], session_seconds: float) -> p.Summary:
+        """The closing message of a stream that lasted `session_seconds`."""
+        return p.Summary(self.utterances, self.partials, self.received_s, session_seconds, reason)
+
+    def _open(self, after: Segment | None = None) -> None:
+        self.segment = Segment(self.received_s)
+        self._commands.append(Open(self.segment, after))
+
+    def _push(self, samples: Samples) -> None:
+        assert self.segment is not None
+        self.samples_in += samples.size
+        self._commands.append(Push(self.segment, samples))
+
+    # -- the engine's side -----------------------------------------------------------------------
+    def receive_result(self, segment: Segment, result: ChunkResult) -> list[Result]:
+        """One engine step's result for `segment` (segments report in order): the finals that
+        endpoints closed in it, then the partial of the open utterance if its text changed."""
+        tracker = self._tracking(segment)
+        segment.frame_end = result.frame_end
+        self.decoded_s = segment.offset_s + result.frame_end * self.frame_s
+        return [m for u in tracker.on_chunk(result) if (m := self._message(u, segment)) is not None]
+
+    def segment_flushed(self, segment: Segment) -> list[Result]:
+        """All of `segment`'s results are in: the final of its open utterance. There is always
+        one (without text if need be), so that a ``finalize`` or ``stop`` is always answered."""
+        tracker = self._tracking(segment)
+        closed = tracker.close(segment.end_reason, segment.frame_end)
+        self._tracker, self._next_utterance = None, tracker.index
+        message = self._message(closed, segment)
+        return [] if message is None else [message]
+
+    def _tracking(self, segment: Segment) -> UtteranceTracker:
+        if self._tracker is None or self._tracker[0] is not segment:
+            self._tracker = segment, UtteranceTracker(self.rules, self.frame_ms, self._next_utterance,
+                                                      self.on_endpoint)
+        return self._tracker[1]
+
+    def _message(self, u: Utterance, segment: Segment) -> Result | None:
+        """The message for utterance `u` of `segment`, if one is due; times in stream seconds."""
+        assert self.start is not None
+        if segment.end_reason == "clear":
+            return None
+        processed = min(self._seconds(segment, segment.frame_end), self.received_s)
+        text = self.tokenizer.decode(u.tokens)
+        start, end = self._seconds(segment, u.start), self._seconds(segment, u.end)
+        if u.final:
+            self.utterances = u.index + 1
+            words = tokens = None
+            if self.start.word_times:
+                words = tuple(p.Word(w, round(self._seconds(segment, a), 3), round(self._seconds(segment, b + 1), 3))
+                              for w, a, b in self.tokenizer.words(u.tokens, u.times))
+                tokens = tuple(self.tokenizer.id_to_piece(t) for t in u.tokens)
+            return p.Final(u.index, text, start, end, processed, cast(p.FinalReason, u.reason), words, tokens)
+        if not self.start.interim_results or self._last_partial == (u.index, text):
+            return None
+        self._last_partial = (u.index, text)
+        self.partials += 1
+        return p.Partial(u.index, text, start, end, processed)
+
+    def _seconds(self, segment: Segment, frame: int) -> float:
+        """Stream time of encoder frame `frame` of `segment`."""
+        return segment.offset_s + frame * self.frame_s
