@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from streamd.config import AdminConfig
-from streamd.engine.migration import MigrationFailed, MigrationReport, cut_over, placed_copy, placement, stage_cache
-from streamd.engine.placement import DTYPE_NAMES, parse_device, parse_dtype
+from streamd.engine.migration import MigrationReport
+from streamd.engine.placement import parse_device, parse_dtype
 from streamd.errors import ConfigError, echo
 from streamd.server.handler import ServerState
 from streamd.server.secrets import read_token
@@ -48,17 +48,15 @@ class Control:
     def __init__(self, state: ServerState) -> None:
         self.state = state
         self.last_migration: MigrationReport | None = None
-        self._lock = asyncio.Lock()
 
     def status(self) -> dict[str, Any]:
-        rec = self.state.engine.recognizer
-        return {"model": self.state.model_name, "device": self.state.device, "dtype": self.state.dtype,
-                "streams": self.state.streams(), "capacity": rec.capacity,
-                "admission_limit": self.state.admission()[0],
-                "capacity_estimate": self.state.admission()[1],
+        engine = self.state.engine.status
+        limit, estimate = self.state.admission()
+        return {"model": self.state.model_name, "device": engine.device, "dtype": engine.dtype,
+                "streams": self.state.streams(), "capacity": engine.capacity,
+                "admission_limit": limit, "capacity_estimate": estimate,
                 "parked": self.state.sessions.parked,
-                "chunk_ms": rec.geometry.chunk_ms, "decoder": getattr(rec.search, "mode", "eager"),
-                "encoder": rec.encoder_step.mode,
+                "chunk_ms": engine.geometry.chunk_ms, "decoder": engine.decoder, "encoder": engine.encoder,
                 "draining": self.state.draining, "shutting_down": self.state.shutdown.is_set(),
                 "last_migration": self.last_migration.as_dict() if self.last_migration else None}
 
@@ -74,42 +72,29 @@ class Control:
         return {**self.status(), "handed_off": handed}
 
     async def migrate(self, device: str | None, dtype: str | None) -> MigrationReport:
-        async with self._lock:
-            rec = self.state.engine.recognizer
-            source = placement(rec.model)
-            report = MigrationReport(False, source, f"{device} {dtype}", 0.0, 0.0, self.state.streams(), at=time.time())
-            try:
-                dev = parse_device(device) if device else rec.model.device
-                dt = parse_dtype(dtype) if dtype else rec.model.dtype
-                report.target = f"{dev} {DTYPE_NAMES[dt]}"
-                if report.target == source:
-                    report.ok, report.moved = True, False
-                    log.info("admin: migrate to %s: already there, nothing to do", source)
-                    return report
-                t0 = time.perf_counter()
-                target = await asyncio.to_thread(placed_copy, self.state.master, dev, dt, rec.att_context)
-                staged = await asyncio.to_thread(stage_cache, target, rec.capacity, rec.att_context)
-                report.prepare_ms = (time.perf_counter() - t0) * 1000
-                self.state.cutting_over = True
-                self.state.changed()
-                try:
-                    report.pause_ms, report.streams = await self.state.engine.call(
-                        lambda r: cut_over(r, target, staged))
-                finally:
-                    self.state.cutting_over = False
-                    self.state.changed()
-                report.ok = True
-            except (ValueError, MigrationFailed, RuntimeError) as e:  # OOM is a RuntimeError
-                report.error = str(e)
-            m = self.state.metrics
-            m.migrations.labels(result="ok" if report.ok else "failed").inc()
-            if report.ok:
-                m.migration_pause.observe(report.pause_ms / 1000)
-                m.set_model(self.state.model_name, self.state.device, self.state.dtype)
-            log.info("admin: migrate %s -> %s: %s", source, report.target,
-                     f"ok, paused {report.pause_ms:.1f} ms" if report.ok else f"failed ({report.error}); still on {source}")
-            self.last_migration = report
+        """Move the serving model (the engine does it; see `Engine.migrate`); counted, logged."""
+        try:
+            dev, dt = (parse_device(device) if device else None), (parse_dtype(dtype) if dtype else None)
+        except ValueError as e:
+            status = self.state.engine.status
+            here = f"{status.device} {status.dtype}"
+            report = MigrationReport(False, here, f"{device} {dtype}", 0.0, 0.0, self.state.streams(),
+                                     error=str(e), at=time.time())
+        else:
+            report = await self.state.engine.migrate(self.state.master, dev, dt)
+        if not report.moved:
+            log.info("admin: migrate to %s: already there, nothing to do", report.source)
             return report
+        m = self.state.metrics
+        m.migrations.labels(result="ok" if report.ok else "failed").inc()
+        if report.ok:
+            m.migration_pause.observe(report.pause_ms / 1000)
+            m.set_model(self.state.model_name, self.state.device, self.state.dtype)
+        log.info("admin: migrate %s -> %s: %s", report.source, report.target,
+                 f"ok, paused {report.pause_ms:.1f} ms" if report.ok
+                 else f"failed ({report.error}); still on {report.source}")
+        self.last_migration = report
+        return report
 
 
 class AdminServer:

@@ -20,7 +20,7 @@ from streamd.engine.encoder_step import GRAPHS, make_encoder_step
 from streamd.engine.migration import placed_copy
 from streamd.engine.placement import DTYPE_NAMES, parse_device, parse_dtype
 from streamd.engine.recognizer import Recognizer
-from streamd.engine.scheduler import Engine
+from streamd.engine.engine import Engine
 from streamd.model.checkpoint import load_model, resolve_model_path
 from streamd.protocol import STREAM_PATH
 from streamd.server.admin import AdminServer, Control
@@ -69,8 +69,10 @@ def build_state(cfg: Config, metrics: Metrics) -> ServerState:
 
     engine = Engine(rec, cfg.server.max_streams, e.batch_wait_ms / 1000, on_step)
     metrics.set_model(loaded.name, str(device), DTYPE_NAMES[dtype])
-    return ServerState(cfg, loaded.tokenizer, metrics, loaded.name, engine=engine, master=loaded.model,
-                       sessions=Sessions(s.resume_grace_s), capacity=admission)
+    state = ServerState(cfg, loaded.tokenizer, metrics, loaded.name, engine=engine, master=loaded.model,
+                        sessions=Sessions(s.resume_grace_s), capacity=admission)
+    engine.add_listener(state.changed)  # a migration's cut-over and new placement reach the front ends
+    return state
 
 
 async def warm_up(engine: Engine) -> None:

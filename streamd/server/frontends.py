@@ -15,7 +15,7 @@ Messages are lists of tuples; worker -> engine:
 engine -> worker:
   ("opened", sid, error or None) ("result", sid, tokens, times, frame_start, frame_end)
   ("failed", sid, message) ("done", sid) ("metrics_text", request, bytes) ("handoff",) ("shutdown",)
-  ("status", EngineStatus, draining, cutting_over, (admitted streams, capacity estimate))
+  ("status", EngineStatus, draining, (admitted streams, capacity estimate))
 """
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 
 from streamd.config import Config
-from streamd.engine.scheduler import EngineSession, EngineStatus, ResultItem, StreamFailed
+from streamd.engine.engine import (Audio, Close, End, EngineSession, EngineStatus, ResultItem, StreamCommand,
+                                   StreamFailed)
 from streamd.server.channel import NonBlockingEnd, socket_pair
 from streamd.server.handler import Census, ServerState
 
@@ -93,18 +94,18 @@ class Bridge:
     # -- front end -> engine (engine thread) -----------------------------------------------------
     def _apply(self, messages: list[Message]) -> None:
         engine = self.state.engine
-        batch: list[tuple[str, EngineSession, Any]] = []
+        batch: list[StreamCommand] = []
         for m in messages:
             kind = m[0]
             if kind == "audio":  # the queued audio of its streams: one array, cut here
                 for sid, samples in zip(m[1], np.split(m[3], np.cumsum(m[2][:-1]))):
                     if (s := self.sessions.get(sid)) is not None:
-                        batch.append(("audio", s, samples))
+                        batch.append(Audio(s, samples))
             elif kind == "end" or kind == "close":
                 s = self.sessions.get(m[1]) if kind == "end" else self.sessions.pop(m[1], None)
                 if s is not None:
                     s.closed = s.closed or kind == "close"
-                    batch.append((kind, s, None))
+                    batch.append(End(s) if kind == "end" else Close(s))
             elif kind == "open":
                 self._open(m[1])
             elif kind == "metrics":
@@ -142,7 +143,7 @@ class Bridge:
         gone = list(self.sessions.values())
         self.sessions.clear()
         if gone:
-            self.state.engine.post_many([("close", s, None) for s in gone])
+            self.state.engine.post_many([Close(s) for s in gone])
         came_up = self.up.done()
         if not came_up:
             self.up.set_exception(RuntimeError(f"front end {self.index} exited before listening"))
@@ -238,7 +239,7 @@ class FrontEnds:
         self.bridges[bridge.index] = self._spawn(bridge.index)
 
     def _status(self) -> Message:
-        return ("status", self.state.engine.status, self.state.draining, self.state.cutting_over,
+        return ("status", self.state.engine.status, self.state.draining,
                 self.state.admission())
 
     async def _publish_changes(self) -> None:
@@ -256,7 +257,7 @@ class FrontEnds:
         return self.census.total()
 
     def publish(self) -> None:
-        """Send every front end the engine's status and the daemon's draining / cut-over flags."""
+        """Send every front end the engine's status (cut-over included) and the draining flag."""
         msg = self._status()
         for b in self.bridges:
             b.post([msg])

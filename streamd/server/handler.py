@@ -20,7 +20,7 @@ from websockets.exceptions import ConnectionClosed
 from streamd.config import Config
 from streamd.model.tokenizer import Tokenizer
 from streamd.engine.recognizer import CapacityError
-from streamd.engine.scheduler import Engine, EngineClient, EngineSession, StreamFailed
+from streamd.engine.engine import Engine, EngineClient, EngineSession, StreamFailed
 from streamd.engine.stream import ChunkGeometry
 from streamd.model.transducer import Transducer
 from streamd.errors import (BacklogExceeded, IdleTimeout, InternalError, Overloaded, SessionExpired, SlowConsumer,
@@ -60,7 +60,6 @@ class StreamContext:
     shutdown: asyncio.Event = field(default_factory=asyncio.Event)
     live: set[asyncio.Task[None]] = field(default_factory=set)
     draining: bool = False  # admin drain: no new streams, live ones go on
-    cutting_over: bool = False  # a migration is swapping the model in
     census: Census | None = None  # with front-end processes: the daemon's streams
     census_slot: int = 0  # this process's slot in `census`
     listeners: list[Callable[[], None]] = field(default_factory=list)  # told of `changed()`
@@ -76,6 +75,11 @@ class StreamContext:
     @property
     def dtype(self) -> str:
         return self.engine.status.dtype
+
+    @property
+    def cutting_over(self) -> bool:
+        """A migration is swapping the model in (the engine's status says)."""
+        return self.engine.status.cutting_over
 
     @property
     def geometry(self) -> ChunkGeometry:

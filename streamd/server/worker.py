@@ -20,7 +20,7 @@ import numpy as np
 from streamd import log as logsetup
 from streamd.model.tokenizer import Tokenizer
 from streamd.engine.recognizer import CapacityError, ChunkResult
-from streamd.engine.scheduler import EngineSession, EngineStatus, StreamFailed
+from streamd.engine.engine import EngineSession, EngineStatus, StreamFailed
 from streamd.server.channel import BlockingEnd
 from streamd.server.front import Front
 from streamd.server.frontends import Message, WorkerSpec, listening_socket
@@ -202,7 +202,7 @@ class RemoteEngine:
             elif kind == "opened":
                 self._opened(m[1], m[2])
             elif kind == "status":
-                self._on_status(m[1], m[2], m[3], m[4])
+                self._on_status(m[1], m[2], m[3])
             elif kind == "handoff":
                 assert self._state is not None
                 self._state.sessions.handoff()
@@ -220,11 +220,10 @@ class RemoteEngine:
         elif error is None:  # its connection went away while it waited: give the slot back
             self.post(("close", sid))
 
-    def _on_status(self, status: EngineStatus, draining: bool, cutting_over: bool,
-                   admission: tuple[int, int | None]) -> None:
+    def _on_status(self, status: EngineStatus, draining: bool, admission: tuple[int, int | None]) -> None:
         assert self._state is not None
         self._status = status
-        self._state.draining, self._state.cutting_over = draining, cutting_over
+        self._state.draining = draining
         self._state.published = admission
 
     def _lost(self) -> None:

@@ -16,7 +16,7 @@ import pytest
 import websockets
 
 from daemon import config, running
-from streamd.engine.scheduler import Engine, EngineSession
+from streamd.engine.engine import Engine, EngineSession
 
 FLOOD_BYTES = 100 << 20
 PIECE = 256 << 10  # bytes per flood message (8 s of 16 kHz s16le)

@@ -1,6 +1,9 @@
-"""The asyncio side of the engine: one dedicated thread runs every model call.
+"""The engine: one dedicated thread runs every model call; the event loop talks to it in typed
+commands and reads its `EngineStatus` snapshot. The engine also owns live migration
+(`Engine.migrate`: the copy is made off the thread, the swap between two steps).
 
-The event loop never touches tensors. It posts audio and commands to an inbox; the engine thread
+The event loop never touches tensors. It posts commands (`Audio`, `End`, `Close`, `Call`) to an
+inbox; the engine thread
 drains it, runs a step as soon as streams have a full chunk (waiting at most `batch_wait_s` for
 more streams to fill the batch), and posts each stream's results back to its session's queue
 with `call_soon_threadsafe`, or to the session's `sink` (a front-end process's bridge, see
@@ -24,10 +27,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
+import torch
 
+from streamd.engine.migration import MigrationFailed, MigrationReport, cut_over, placed_copy, placement, stage_cache
 from streamd.engine.placement import DTYPE_NAMES
 from streamd.engine.recognizer import ChunkResult, Recognizer
 from streamd.engine.stream import ChunkGeometry, Stream
+from streamd.model.transducer import Transducer
 
 log = logging.getLogger("streamd.engine")
 
@@ -42,6 +48,45 @@ ResultItem = ChunkResult | StreamFailed | None  # None: the stream is flushed an
 Sink = Callable[[list[tuple["EngineSession", ResultItem]]], None]
 
 
+@dataclass(frozen=True, slots=True)
+class Audio:
+    """Queue float32 mono samples at the model rate for `session`."""
+
+    session: EngineSession
+    samples: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class End:
+    """No more audio for `session`: flush what is left."""
+
+    session: EngineSession
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """Release `session`'s slot now; its pending audio is dropped."""
+
+    session: EngineSession
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """Run `fn(recognizer)` on the engine thread between two steps; its result goes to `future`."""
+
+    fn: Callable[[Recognizer], Any]
+    future: Future[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Finish the engine thread (slots released)."""
+
+
+Command = Audio | End | Close | Call | Stop
+StreamCommand = Audio | End | Close  # what a front end's bridge posts in bulk
+
+
 @dataclass(frozen=True)
 class EngineStatus:
     """A snapshot of what serving needs to know of the engine (the event loop never reads
@@ -50,6 +95,10 @@ class EngineStatus:
     device: str
     dtype: str
     geometry: ChunkGeometry  # the model's time base and chunk size
+    capacity: int = 0  # stream slots
+    encoder: str = "eager"  # how the last step encoded: "graphs" or "eager"
+    decoder: str = "eager"  # how the last step decoded: "full_graph", "no_while_loops" or "eager"
+    cutting_over: bool = False  # a migration is swapping the model in: steps wait
 
 
 class IoSource(Protocol):
@@ -102,7 +151,7 @@ class Engine:
         self.max_batch, self.batch_wait_s = max_batch, batch_wait_s
         self._on_step = on_step
         self._lock = threading.Lock()
-        self._inbox: deque[tuple[str, EngineSession | None, Any]] = deque()
+        self._inbox: deque[Command] = deque()
         self._sleeping = False  # the engine thread waits in `select` (guarded by `_lock`)
         self._wake_r, self._wake_w = socket.socketpair()
         for sock in (self._wake_r, self._wake_w):
@@ -120,6 +169,10 @@ class Engine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._cutting_over = False
+        self._migrating = asyncio.Lock()
+        self._listeners: list[Callable[[], None]] = []
+        self._status = self._snapshot()
 
     # -- loop side -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -128,14 +181,60 @@ class Engine:
         self._thread.start()
 
     async def stop(self) -> None:
-        self._post("stop", None, None)
+        self._post(Stop())
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
 
     @property
     def status(self) -> EngineStatus:
-        model = self.recognizer.model
-        return EngineStatus(str(model.device), DTYPE_NAMES[model.dtype], self.recognizer.geometry)
+        """The latest snapshot (made on the engine thread after each step and migration)."""
+        return self._status
+
+    def _snapshot(self) -> EngineStatus:
+        rec = self.recognizer
+        return EngineStatus(str(rec.model.device), DTYPE_NAMES[rec.model.dtype], rec.geometry, rec.capacity,
+                            rec.encoder_step.mode, getattr(rec.search, "mode", "eager"), self._cutting_over)
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        """Call `listener()` on the event loop whenever a migration changes the status."""
+        self._listeners.append(listener)
+
+    async def migrate(self, master: Transducer, device: torch.device | None, dtype: torch.dtype | None
+                      ) -> MigrationReport:
+        """Move serving to a copy of `master` (fp32 CPU weights) at `device` / `dtype` (None: as
+        now) while streams go on (see `engine/migration.py`): the copy is made and probed off the
+        engine thread, then swapped in between two steps with every live stream's state. On
+        failure the engine keeps serving where it was; the report says why. One at a time."""
+        async with self._migrating:
+            rec = self.recognizer
+            source = placement(rec.model)
+            report = MigrationReport(False, source, source, 0.0, 0.0, rec.active, at=time.time())
+            try:
+                dev = device if device is not None else rec.model.device
+                dt = dtype if dtype is not None else rec.model.dtype
+                report.target = f"{dev} {DTYPE_NAMES[dt]}"
+                if report.target == source:
+                    report.ok, report.moved = True, False
+                    return report
+                t0 = time.perf_counter()
+                target = await asyncio.to_thread(placed_copy, master, dev, dt, rec.att_context)
+                staged = await asyncio.to_thread(stage_cache, target, rec.capacity, rec.att_context)
+                report.prepare_ms = (time.perf_counter() - t0) * 1000
+                self._set_cutting_over(True)
+                try:
+                    report.pause_ms, report.streams = await self.call(lambda r: cut_over(r, target, staged))
+                finally:
+                    self._set_cutting_over(False)
+                report.ok = True
+            except Exception as e:  # noqa: BLE001 - whatever failed, serving goes on where it was
+                report.error = str(e) if isinstance(e, (ValueError, MigrationFailed)) else f"{type(e).__name__}: {e}"
+            return report
+
+    def _set_cutting_over(self, on: bool) -> None:
+        self._cutting_over = on
+        self._status = self._snapshot()
+        for listener in self._listeners:
+            listener()
 
     async def open(self) -> EngineSession:
         """A new stream with its own slot; raises CapacityError when all slots are taken."""
@@ -150,17 +249,17 @@ class Engine:
     def push(self, session: EngineSession, samples: np.ndarray) -> None:
         """Queue float32 mono samples at the model rate."""
         if samples.size:
-            self._post("audio", session, samples)
+            self._post(Audio(session, samples))
 
     def end(self, session: EngineSession) -> None:
         """No more audio: flush what is left; `results` then ends with None."""
-        self._post("end", session, None)
+        self._post(End(session))
 
     def close(self, session: EngineSession) -> None:
         """Release the stream now (client gone); pending audio is dropped."""
         if not session.closed:
             session.closed = True
-            self._post("close", session, None)
+            self._post(Close(session))
 
     async def call(self, fn: Callable[[Recognizer], Any]) -> Any:
         """Run fn(recognizer) on the engine thread between two steps; returns its result."""
@@ -169,21 +268,21 @@ class Engine:
     def submit(self, fn: Callable[[Recognizer], Any]) -> Future[Any]:
         """Run fn(recognizer) on the engine thread between two steps (from any thread)."""
         fut: Future[Any] = Future()
-        self._post("call", None, (fn, fut))
+        self._post(Call(fn, fut))
         return fut
 
-    def post_many(self, items: list[tuple[str, EngineSession, Any]]) -> None:
-        """Queue several `audio` (payload: samples), `end` and `close` commands at once, in order
-        (from any thread: a front-end bridge hands over a batch of its streams' audio this way)."""
+    def post_many(self, commands: list[StreamCommand]) -> None:
+        """Queue several stream commands at once, in order (from any thread: a front-end bridge
+        hands over a batch of its streams' audio this way)."""
         with self._lock:
-            self._inbox.extend(items)
+            self._inbox.extend(commands)
             wake, self._sleeping = self._sleeping, False
         if wake:
             self._wake()
 
-    def _post(self, kind: str, session: EngineSession | None, payload: Any) -> None:
+    def _post(self, command: Command) -> None:
         with self._lock:
-            self._inbox.append((kind, session, payload))
+            self._inbox.append(command)
             wake, self._sleeping = self._sleeping, False
         if wake:
             self._wake()
@@ -241,8 +340,8 @@ class Engine:
         with self._lock:
             items = list(self._inbox)
             self._inbox.clear()
-        for kind, session, payload in items:
-            self._apply(kind, session, payload)
+        for command in items:
+            self._apply(command)
         self._flush()
         self._update_interest()
 
@@ -264,12 +363,12 @@ class Engine:
         self._serve_sources(0)
         with self._lock:
             items, self._inbox = self._inbox, deque()
-        later: deque[tuple[str, EngineSession | None, Any]] = deque()
-        for item in items:
-            if item[0] == "audio":
-                self._apply(*item)
+        later: deque[Command] = deque()
+        for command in items:
+            if isinstance(command, Audio):
+                self._apply(command)
             else:
-                later.append(item)
+                later.append(command)
         if later:
             with self._lock:
                 later.extend(self._inbox)
@@ -295,25 +394,27 @@ class Engine:
                 self._sources[source] = want
                 self._selector.modify(source, want, source)
 
-    def _apply(self, kind: str, session: EngineSession | None, payload: Any) -> None:
-        if kind == "stop":
-            self._stopping = True
-        elif kind == "call":
-            fn, fut = payload
+    def _apply(self, command: Command) -> None:
+        if isinstance(command, Call):
             try:
-                fut.set_result(fn(self.recognizer))
+                command.future.set_result(command.fn(self.recognizer))
             except BaseException as e:  # handed to the awaiting coroutine
-                fut.set_exception(e)
-        elif session is None or session.stream is None:
+                command.future.set_exception(e)
+            return
+        if isinstance(command, Stop):
+            self._stopping = True
+            return
+        session = command.session
+        if session.stream is None:
             return  # a closed or failed stream: late audio is ignored
-        elif kind == "audio":
-            session.stream.push_audio(payload)
+        if isinstance(command, Audio):
+            session.stream.push_audio(command.samples)
             self._touched[session] = None
-        elif kind == "end":
+        elif isinstance(command, End):
             session.stream.end()
             self._touched[session] = None
             self._finish_if_done(session)
-        elif kind == "close":
+        else:
             self._release(session)
 
     def _open(self, session: EngineSession) -> None:
@@ -343,6 +444,7 @@ class Engine:
             return
         if self._on_step is not None:
             self._on_step(time.perf_counter() - t0, len(batch))
+        self._status = self._snapshot()
         for s in batch:  # ready again only if more input is there
             del self._ready_set[s]
             self._touched[s] = None

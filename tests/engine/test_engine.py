@@ -2,14 +2,16 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 
 import numpy as np
 import pytest
+import torch
 
 from helpers import random_model
 from streamd.engine.recognizer import Recognizer
-from streamd.engine.scheduler import Engine
+from streamd.engine.engine import Engine
 from streamd.engine.stream import Stream
 
 
@@ -121,3 +123,47 @@ def test_audio_and_an_end_arriving_while_a_step_runs() -> None:
     assert len(split) >= 2 and all(not isinstance(r, Exception) for r in split)
     assert _transcript(split) == _transcript(whole)
     assert _transcript(whole)[1] == 16000 * 4 // 160 // 8 + 1  # every encoder frame of the audio decoded
+
+
+def test_the_engine_migrates_itself_and_keeps_serving_on_failure() -> None:
+    """`Engine.migrate`: a move to a device that does not exist fails and changes nothing; a move
+    to bf16 mid-stream swaps the model in between steps (the status says cutting over while it
+    does, and listeners hear of it), and the stream's results go on to its last frame."""
+    master = random_model(seed=2)
+    audio = np.random.default_rng(4).standard_normal(16000 * 4).astype(np.float32) * 0.1
+
+    async def main() -> None:
+        rec = Recognizer(copy.deepcopy(master), capacity=2)
+        engine = Engine(rec, max_batch=2, batch_wait_s=0.0)
+        seen: list[tuple[bool, str]] = []
+        engine.add_listener(lambda: seen.append((engine.status.cutting_over, engine.status.dtype)))
+        engine.start()
+        try:
+            session = await engine.open()
+            engine.push(session, audio[:16000 * 2])
+            first = await session.results.get()
+            assert first is not None
+
+            bad = await engine.migrate(master, torch.device("cuda", 7), None)
+            assert not bad.ok and bad.error and engine.status.device == "cpu" and engine.status.dtype == "fp32"
+            assert seen == []  # nothing was cut over
+
+            same = await engine.migrate(master, None, None)
+            assert same.ok and not same.moved
+
+            moved = await engine.migrate(master, None, torch.bfloat16)
+            assert moved.ok and moved.moved and moved.streams == 1, moved
+            assert engine.status.dtype == "bf16" and not engine.status.cutting_over
+            assert seen == [(True, "fp32"), (False, "bf16")]
+
+            engine.push(session, audio[16000 * 2:])
+            engine.end(session)
+            results = [first]
+            while (item := await session.results.get()) is not None:
+                results.append(item)
+            assert all(not isinstance(r, Exception) for r in results)
+            assert results[-1].frame_end == 16000 * 4 // 160 // 8 + 1  # type: ignore[union-attr]
+        finally:
+            await engine.stop()
+
+    asyncio.run(main())
