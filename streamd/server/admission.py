@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+import torch
 
 from streamd.engine.recognizer import Recognizer
 
@@ -43,7 +44,9 @@ def probe_sizes(max_streams: int) -> list[int]:
 
 def probe(rec: Recognizer, sizes: list[int], seed: int = 0) -> list[tuple[int, float]]:
     """Time one steady-state step (a stream's second) of each batch size; runs on the engine
-    thread (`Engine.call`) before any client is served. Noise stands in for speech."""
+    thread (`Engine.call`) before any client is served. Noise stands in for speech. Stops at the
+    first size that runs out of GPU memory (the graph warm-up may have left too little for the
+    largest batches): the start goes on with the sizes measured."""
     chunk_s = rec.geometry.chunk_ms / 1000
     audio = (np.random.default_rng(seed).standard_normal(int(rec.geometry.sample_rate * (3 * chunk_s + 0.5))) * 0.1).astype(np.float32)
     out = []
@@ -57,6 +60,10 @@ def probe(rec: Recognizer, sizes: list[int], seed: int = 0) -> list[tuple[int, f
             t0 = time.perf_counter()
             rec.step(ready)
             out.append((len(ready), time.perf_counter() - t0))
+        except torch.OutOfMemoryError:
+            log.warning("capacity probe stopped at %d streams: out of GPU memory", n)
+            torch.cuda.empty_cache()
+            break
         finally:
             for s in streams:
                 rec.close(s)
