@@ -241,18 +241,19 @@ class Launched:
     def __init__(self, rec: Recognizer, streams: list[Stream], hyps: BatchedHyps, enc_len: Tensor) -> None:
         self._rec, self._streams = rec, streams
         device = enc_len.device
-        parts = (hyps.labels, hyps.times, hyps.lengths, enc_len)
-        self._host = [_host(device, tuple(t.shape), t.dtype).copy_(t, non_blocking=True) for t in parts]
+        parts = [hyps.labels, hyps.times, hyps.lengths, enc_len]
         self._done: torch.cuda.Event | None = None
         if device.type == "cuda":
+            parts = [_host(device, tuple(t.shape), t.dtype).copy_(t, non_blocking=True) for t in parts]
             self._done = torch.cuda.Event()  # type: ignore[no-untyped-call]
             self._done.record(torch.cuda.current_stream(device))
+        self._parts = parts  # on the host (once `_done` has happened)
 
     def collect(self) -> list[ChunkResult]:
         """Wait for the step; each stream's `ChunkResult`, in the order of `streams`."""
         if self._done is not None:
             self._done.synchronize()
-        labels, times, lengths, enc_len = self._host
+        labels, times, lengths, enc_len = self._parts
         hyps = BatchedHyps(labels, times, lengths).to_lists()
         return self._rec.results(self._streams, hyps, enc_len.tolist())
 
