@@ -9,6 +9,7 @@ for it (`Launched.collect`), so the report also times the same steps without the
 
     python scripts/profile_engine_step.py --device cuda --dtype bf16 --chunk-ms 160 --streams 1792
     python scripts/profile_engine_step.py --model M.pt --device cpu --dtype fp32 --streams 160 --graphs off
+    python scripts/profile_engine_step.py --graphs off --kernels 30   # + the GPU kernels that take the time
 """
 from __future__ import annotations
 
@@ -40,8 +41,9 @@ from streamd.model.checkpoint import load_model  # noqa: E402
 
 CHUNK_RC = {80: 0, 160: 1, 560: 6, 1120: 13}
 PHASES = {
-    "features (feature_segment, logmel_many)": ("stream.py:feature_segment", "features.py:logmel_many"),
-    "windows (take_window, add_frames)": ("stream.py:take_window", "stream.py:add_frames"),
+    "features (feature_segment, logmel_batch)": ("stream.py:feature_segment", "features.py:logmel_batch"),
+    "windows (take_chunk, _layout, _windows)": ("stream.py:take_chunk", "recognizer.py:_layout",
+                                                "recognizer.py:_windows"),
     "encoder step (launch or replay)": ("encoder_step.py:__call__",),
     "decoder (launch or replay)": ("greedy.py:__call__", "graphs.py:__call__"),
     "labels read back (waits for the GPU)": ("recognizer.py:collect",),
@@ -72,17 +74,17 @@ class _Synced:
 def gpu_phases(rec: Recognizer, step: Any, steps: int) -> dict[str, float]:
     """Milliseconds per step of the batched features, the encoder step and the decoder, each
     synchronised on its own (a separate pass: the GPU's share of each phase)."""
-    times: dict[str, list[float]] = {"features (logmel_many)": [], "encoder step": [], "decoder": []}
+    times: dict[str, list[float]] = {"features (logmel_batch)": [], "encoder step": [], "decoder": []}
     names = list(times)
-    enc, search, logmel = rec.encoder_step, rec.search, recognizer_module.logmel_many
+    enc, search, logmel = rec.encoder_step, rec.search, recognizer_module.logmel_batch
     rec.encoder_step = _Synced(enc, times[names[1]])  # type: ignore[assignment]
     rec.search = _Synced(search, times[names[2]])  # type: ignore[assignment]
-    recognizer_module.logmel_many = _Synced(logmel, times[names[0]])  # type: ignore[assignment]
+    recognizer_module.logmel_batch = _Synced(logmel, times[names[0]])  # type: ignore[assignment]
     try:
         for _ in range(steps):
             step()
     finally:
-        rec.encoder_step, rec.search, recognizer_module.logmel_many = enc, search, logmel
+        rec.encoder_step, rec.search, recognizer_module.logmel_batch = enc, search, logmel
     return {k: 1000 * float(np.median(v)) for k, v in times.items() if v}
 
 
@@ -103,6 +105,18 @@ def sync_points(step: Any) -> list[str]:
     return [f"{n:4d} x {where}" for where, n in seen.items()]
 
 
+def kernel_table(step: Any, steps: int, rows: int) -> str:
+    """torch.profiler over `steps` steps: the `rows` operators and kernels with the most GPU time
+    of their own (run with graphs off: a graph replay hides the kernels it launches)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    return str(prof.key_averages().table(sort_by="self_device_time_total", row_limit=rows, max_name_column_width=70))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="model file (default: a random FastConformer-L, bench_migration.make_model)")
@@ -114,6 +128,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--features", default="model", choices=("model", "cpu"),
                     help="where a step's log-mel frames are computed (default: the model's device)")
+    ap.add_argument("--kernels", type=int, default=0, metavar="N",
+                    help="also print the N operators and kernels with the most GPU time (torch.profiler)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     path = args.model
@@ -181,6 +197,9 @@ def main() -> None:
         print("each phase on its own, the GPU waited for before and after (median per step):")
         for name, ms in synced.items():
             print(f"  {name:45s} {ms:8.1f} ms")
+    if args.kernels and model.device.type == "cuda":
+        print(f"operators and kernels by their own GPU time, {args.steps} steps (torch.profiler):")
+        print(kernel_table(step, args.steps, args.kernels))
     if args.json:
         args.json.write_text(json.dumps({"streams": n, "chunk_ms": args.chunk_ms, "device": args.device,
                                          "dtype": args.dtype, "graphs": args.graphs, "features": args.features,

@@ -1,8 +1,9 @@
 """Batched streaming recognition over fixed-capacity slots (synchronous; one engine thread).
 
-Every live stream owns a slot: a row of the batched encoder caches and decoder carry, kept on
-the model's device. A step gathers the rows of the streams that have a chunk ready, runs one
-encoder step and one decoder call, and scatters the rows back. Device and dtype are read from
+Every live stream owns a slot: a row of the batched encoder caches, decoder carry and last
+encoded mel frames, kept on the model's device. A step computes the new mel frames of the
+streams that have a chunk ready (one batched call), assembles their windows there, runs one
+encoder step and one decoder call, and scatters the rows back; the host only counts. Device and dtype are read from
 the model's parameters at every step, and the slot tensors follow them: a plain `model.to(...)`
 between steps is enough.
 """
@@ -17,14 +18,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from streamd.audio.features import logmel_many
+from streamd.audio.features import logmel_batch
 from streamd.buckets import bucket_size
 from streamd.decoding.graphs import BucketedGraphDecoder, GraphGreedyLabelLooping
 from streamd.decoding.greedy import BatchedHyps, GreedyLabelLooping
 from streamd.decoding.state import DecoderState
 from streamd.engine.encoder_step import EAGER, EncoderStep, make_encoder_step
-from streamd.engine.stream import ChunkGeometry, Stream
-from streamd.model.encoder import EncoderCache
+from streamd.engine.stream import Chunk, ChunkGeometry, Stream
+from streamd.model.encoder import PRE_ENCODE_CACHE, EncoderCache
 from streamd.model.preprocessor import LogMel
 from streamd.model.transducer import Transducer
 
@@ -82,6 +83,7 @@ class Recognizer:
         self._fresh: dict[int, None] = {}  # slots opened since the last step: rows still to reset
         self._cache: EncoderCache | None = None
         self._dec: DecoderState | None = None
+        self._tail: Tensor | None = None  # (capacity, n_mels, 9) fp32: each slot's last encoded mel frames
         self._staged: EncoderCache | None = None
 
     def use_model(self, model: Transducer, staged: EncoderCache | None = None) -> None:
@@ -168,6 +170,9 @@ class Recognizer:
             else:
                 self._cache = self._cache.to(device, dtype)
             self._dec = self._dec.to(device, dtype)
+        if self._tail is None or self._tail.device != device:
+            self._tail = (torch.zeros(self.capacity, self._logmel.dims.n_mels, PRE_ENCODE_CACHE, device=device)
+                          if self._tail is None else self._tail.to(device))
         return self._cache, self._dec
 
     def step(self, streams: list[Stream]) -> list[ChunkResult]:
@@ -185,21 +190,32 @@ class Recognizer:
         # Per-stream work is numpy only; torch is called a fixed number of times per step. Each
         # torch call releases and re-takes the GIL, and with a busy event loop in the other
         # thread every re-take can wait a whole switch interval.
-        pending = [(s, seg) for s in streams if (seg := s.feature_segment()) is not None]
-        for (s, _), frames in zip(pending, logmel_many(self._feature_maker(device), [seg for _, seg in pending])):
-            s.add_frames(frames)
-        windows = [s.take_window() for s in streams]
-        mel = _host(device, (len(windows), *windows[0].mel.shape), torch.float32)
-        np.stack([w.mel for w in windows], out=mel.numpy())
-        meta = _host(device, (3, len(windows)), torch.int64)
-        meta.numpy()[:] = [[w.length for w in windows], [w.start for w in windows], [s.slot for s in streams]]
-        mel, meta = mel.to(device, non_blocking=True), meta.to(device, non_blocking=True)
-        lengths, start, rows = meta[0], meta[1], meta[2]
-        full = all(w.start == 0 and w.length == mel.shape[2] for w in windows)
+        frames, counts = logmel_batch(self._feature_maker(device), [s.feature_segment() for s in streams])
+        chunks = [s.take_chunk(k) for s, k in zip(streams, counts)]
+        meta = _host(device, (len(streams), 3 + self.geometry.window + PRE_ENCODE_CACHE), torch.int64)
+        _layout(chunks, [s.slot for s in streams], self.geometry.window, frames.shape[2], meta.numpy())
+        meta = meta.to(device, non_blocking=True)
+        lengths, start, rows = meta[:, 0], meta[:, 1], meta[:, 2]
+        mel = self._windows(frames.to(device), rows, meta[:, 3:])
+        full = all(c.start == 0 and c.length == self.geometry.window for c in chunks)
         enc, enc_len = self.encoder_step(cache, rows, mel, lengths, start, full, att_context=self.att_context)
         hyps, new_dec = self.search(enc, enc_len, dec.index_select(rows))
         dec.index_copy_(rows, new_dec)
         return Launched(self, streams, hyps, enc_len)
+
+    def _windows(self, frames: Tensor, rows: Tensor, index: Tensor) -> Tensor:
+        """The step's encoder windows, assembled on the model's device, and each slot's tail moved on.
+
+        frames: (b, n_mels, K) this step's new frames; rows: (b,) slots; index: (b, W + 9) from
+        `_layout`. Returns mel (b, n_mels, W) fp32."""
+        assert self._tail is not None
+        b, n_mels, k = frames.shape
+        w = self.geometry.window
+        # Columns: the slot's 9 tail frames, the K new ones, one zero column for unused window cells.
+        ext = torch.cat([self._tail.index_select(0, rows), frames, frames.new_zeros(b, n_mels, 1)], dim=2)
+        mel = ext.gather(2, index[:, None, :w].expand(b, n_mels, w))
+        self._tail.index_copy_(0, rows, ext.gather(2, index[:, None, w:].expand(b, n_mels, PRE_ENCODE_CACHE)))
+        return mel
 
     def _feature_maker(self, device: torch.device) -> LogMel:
         """The log-mel module a step computes its frames with (follows the model's device)."""
@@ -231,6 +247,8 @@ class Recognizer:
         cache.channel.index_fill_(1, rows, 0.0)
         cache.time.index_fill_(1, rows, 0.0)
         cache.channel_len.index_fill_(0, rows, 0)
+        if self._tail is not None:
+            self._tail.index_fill_(0, rows, 0.0)
         dec.index_copy_(rows, self.search.initial_state(1).expand(int(rows.shape[0])))
 
 
@@ -256,6 +274,18 @@ class Launched:
         labels, times, lengths, enc_len = self._parts
         hyps = BatchedHyps(labels, times, lengths).to_lists()
         return self._rec.results(self._streams, hyps, enc_len.tolist())
+
+
+def _layout(chunks: list[Chunk], slots: list[int], w: int, k: int, out: np.ndarray) -> None:
+    """Fill `out` (b, 3 + W + 9) int64 with, per stream: window length, start and slot, then the
+    gather index of its W window columns into [9 tail frames | K new frames | a zero column]
+    (`Recognizer._windows`), then that of its next 9 tail frames. Vectorised over the streams."""
+    lead, tail, new = (np.array([getattr(c, f) for c in chunks], dtype=np.int64)[:, None] for f in ("lead", "tail", "new"))
+    out[:, 0:1], out[:, 1:2], out[:, 2] = lead + new, lead - tail, slots
+    col = np.arange(w, dtype=np.int64)[None]
+    src = col - lead + PRE_ENCODE_CACHE  # window column -> column of [tail | new]
+    out[:, 3: 3 + w] = np.where((col >= lead - tail) & (col < lead + new), src, PRE_ENCODE_CACHE + k)
+    out[:, 3 + w:] = new + np.arange(PRE_ENCODE_CACHE, dtype=np.int64)[None]
 
 
 def _host(device: torch.device, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:

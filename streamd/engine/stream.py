@@ -6,6 +6,10 @@ W = 9 + S(R+1) mel frames and keeps R+1 encoder frames. A stream's first step ta
 frames, later steps S(R+1). The window's leading rows that precede the stream are masked as the
 offline pass's causal zero padding, so streaming output is the offline output, chunk for chunk.
 The last step takes whatever is left.
+
+A stream holds no mel frames: a step computes the frames it consumes for all its streams at
+once and assembles the windows where the model is (`Recognizer.launch`); the stream only
+counts samples and frames and says where its frames go in the window (`Chunk`).
 """
 from __future__ import annotations
 
@@ -59,18 +63,29 @@ class ChunkGeometry:
         return self.hop * self.subsampling * (self.right + 1) * 1000 // self.sample_rate
 
 
-@dataclass
-class Window:
-    """What a stream contributes to one encoder step: mel (n_mels, W), valid rows [start, length)."""
+@dataclass(frozen=True)
+class Chunk:
+    """Where a stream's frames go in one step's window (W columns): its last `tail` encoded frames
+    (at most 9) end at column `lead`, its `new` frames start there; columns [start, length) hold
+    frames, the rest are zero (those before `start` act as the causal zero padding)."""
 
-    mel: np.ndarray
-    start: int
-    length: int
+    lead: int
+    tail: int
+    new: int
+
+    @property
+    def start(self) -> int:
+        return self.lead - self.tail
+
+    @property
+    def length(self) -> int:
+        return self.lead + self.new
 
 
 @dataclass
 class Stream:
-    """Features and pending frames of one stream; the engine owns its slot in the batched state.
+    """Audio and frame bookkeeping of one stream; the engine owns its slot in the batched state
+    (encoder and decoder state, and its last encoded mel frames).
 
     Everything here is numpy: the engine thread must not spend a GIL release and re-acquire (a
     torch call) per stream, or a busy event loop stalls it (see `Recognizer.step`)."""
@@ -78,8 +93,6 @@ class Stream:
     slot: int
     features: IncrementalLogMel
     geometry: ChunkGeometry
-    pending: np.ndarray  # (n_mels, k) mel frames computed, not yet encoded
-    tail: np.ndarray  # (n_mels, <= 9) last encoded mel frames
     steps: int = 0
     ended: bool = False
     frames_decoded: int = 0  # encoder frames
@@ -92,8 +105,7 @@ class Stream:
 
     @classmethod
     def new(cls, slot: int, logmel: LogMel, geometry: ChunkGeometry) -> Stream:
-        empty = np.zeros((logmel.dims.n_mels, 0), dtype=np.float32)
-        return cls(slot, IncrementalLogMel(logmel), geometry, empty, empty)
+        return cls(slot, IncrementalLogMel(logmel), geometry)
 
     def push_audio(self, samples: np.ndarray) -> None:
         """samples: (n,) float32 mono at the model's sample rate. Only queued: features are
@@ -127,41 +139,30 @@ class Stream:
 
     def feature_segment(self) -> np.ndarray | None:
         """Hand the queued audio the next step needs to the feature extractor and return the
-        samples of the frames now computable (for `logmel_many`), or None.
+        samples of the frames now computable (for `logmel_batch`), or None: exactly the frames
+        the next step takes (`min(need, frames_left)` of a `ready` stream), no more.
 
         Only up to the next step's frames: a client that sends far ahead of real time must not
         make one step (and every other stream's results) wait for features of its whole backlog."""
         target = self.features.samples_for(self.frames_taken + self.need)
-        fed: list[np.ndarray] = []
         missing = target - self.features.samples_seen
         while self.raw and missing > 0:
             piece = self.raw[0]
             if piece.size > missing:
-                fed.append(piece[:missing])
+                self.features.feed(piece[:missing])
                 self.raw[0] = piece[missing:]
                 break
-            fed.append(self.raw.pop(0))
+            self.features.feed(self.raw.pop(0))
             missing -= piece.size
-        if fed:
-            self.features.feed(np.concatenate(fed) if len(fed) > 1 else fed[0])
         return self.features.take_segment(final=self.ended and not self.raw)
 
-    def add_frames(self, frames: np.ndarray) -> None:
-        """frames: (n_mels, k) computed from this stream's last `feature_segment()`."""
-        self.pending = np.concatenate([self.pending, frames], axis=1) if self.pending.size else frames
-
-    def take_window(self) -> Window:
-        """Consume the next chunk (its frames must be pending) and lay it out in the uniform window."""
+    def take_chunk(self, new: int) -> Chunk:
+        """Consume the `new` frames of this step (those of the last `feature_segment()`, at most
+        `need`) and say where they and the tail go in the window."""
         g, need = self.geometry, self.need
-        new = self.pending[:, :need]
-        self.pending = self.pending[:, need:]
-        self.frames_taken += new.shape[1]
-        w = g.window
-        lead = w - need  # rows before the new frames: 16 on the first step, 9 after
-        mel = np.zeros((new.shape[0], w), dtype=np.float32)
-        t = self.tail.shape[1]
-        mel[:, lead - t: lead] = self.tail
-        mel[:, lead: lead + new.shape[1]] = new
-        self.tail = np.concatenate([self.tail, new], axis=1)[:, -PRE_ENCODE_CACHE:]
+        if new > need:
+            raise ValueError(f"a step takes at most {need} frames, not {new}")
+        chunk = Chunk(lead=g.window - need, tail=min(self.frames_taken, PRE_ENCODE_CACHE), new=new)
+        self.frames_taken += new
         self.steps += 1
-        return Window(mel, lead - t, lead + new.shape[1])
+        return chunk

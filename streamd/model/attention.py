@@ -41,7 +41,16 @@ class RelPositionalEncoding(nn.Module):
 
 
 class RelPositionMultiHeadAttention(nn.Module):
-    """Self-attention whose keys/values may be preceded by cached (already normalised) frames."""
+    """Self-attention whose keys/values may be preceded by cached (already normalised) frames.
+
+    Two paths compute the same scores: the explicit one (NeMo's matmuls and softmax; the CPU's and
+    the reference) and a fused one (`scaled_dot_product_attention` with the positional term as an
+    additive mask, NeMo's `use_pytorch_sdpa` path), used on CUDA. With a few query frames per
+    stream and many streams, the explicit matmuls spend most of their time copying keys, values
+    and the batch-expanded positional table into contiguous batches; the fused kernel reads them
+    in place. `fused`: None = by device (fused on CUDA), True/False = always/never."""
+
+    fused: bool | None = None
 
     def __init__(self, d_model: int, n_heads: int, bias: bool) -> None:
         super().__init__()
@@ -63,17 +72,27 @@ class RelPositionMultiHeadAttention(nn.Module):
         b, t, _ = query.shape
         n = keys.shape[1]
         q = self.linear_q(query).view(b, t, self.h, self.d_k)
-        k = self.linear_k(keys).view(b, n, self.h, self.d_k).transpose(1, 2)
+        k = self.linear_k(keys).view(b, n, self.h, self.d_k).transpose(1, 2)  # (B, H, n, dk)
         v = self.linear_v(keys).view(b, n, self.h, self.d_k).transpose(1, 2)
-        p = self.linear_pos(pos_emb).view(1, -1, self.h, self.d_k).transpose(1, 2)  # (1, H, 2n-1, dk)
-        ac = torch.matmul((q + self.pos_bias_u).transpose(1, 2), k.transpose(-2, -1))  # (B, H, T, n)
-        bd = torch.matmul((q + self.pos_bias_v).transpose(1, 2), p.transpose(-2, -1))  # (B, H, T, 2n-1)
-        bd = rel_shift(bd)[..., :n]
-        scores = (ac + bd) / math.sqrt(self.d_k)
-        m = mask.unsqueeze(1)
-        attn = torch.softmax(scores.masked_fill(m, MASKED_SCORE), dim=-1).masked_fill(m, 0.0)
-        out = torch.matmul(attn, v).transpose(1, 2).reshape(b, t, self.h * self.d_k)
-        return self.linear_out(out)
+        p = self.linear_pos(pos_emb).view(-1, self.h, self.d_k)  # (2n-1, H, dk)
+        scale = 1.0 / math.sqrt(self.d_k)
+        fused = query.is_cuda if self.fused is None else self.fused
+        if fused:
+            # bd as one matmul per head over all streams' queries: (H, B*T, dk) @ (H, dk, 2n-1).
+            qv = (q + self.pos_bias_v).permute(2, 0, 1, 3).reshape(self.h, b * t, self.d_k)
+            bd = torch.matmul(qv, p.permute(1, 2, 0)).view(self.h, b, t, -1).transpose(0, 1)
+            bias = (rel_shift(bd)[..., :n] * scale).masked_fill(mask.unsqueeze(1), MASKED_SCORE)
+            out = nn.functional.scaled_dot_product_attention((q + self.pos_bias_u).transpose(1, 2), k, v,
+                                                             attn_mask=bias, scale=scale)
+            out = out.masked_fill(mask.all(-1)[:, None, :, None], 0.0)  # fully masked rows give 0
+        else:
+            ac = torch.matmul((q + self.pos_bias_u).transpose(1, 2), k.transpose(-2, -1))  # (B, H, T, n)
+            bd = torch.matmul((q + self.pos_bias_v).transpose(1, 2), p.permute(1, 2, 0).unsqueeze(0))  # (B, H, T, 2n-1)
+            scores = (ac + rel_shift(bd)[..., :n]) / math.sqrt(self.d_k)
+            m = mask.unsqueeze(1)
+            attn = torch.softmax(scores.masked_fill(m, MASKED_SCORE), dim=-1).masked_fill(m, 0.0)
+            out = torch.matmul(attn, v)
+        return self.linear_out(out.transpose(1, 2).reshape(b, t, self.h * self.d_k))
 
 
 def rel_shift(x: Tensor) -> Tensor:
