@@ -31,13 +31,14 @@ import torch
 
 from streamd.engine.migration import MigrationFailed, MigrationReport, cut_over, placed_copy, placement, stage_cache
 from streamd.engine.placement import DTYPE_NAMES
-from streamd.engine.recognizer import ChunkResult, Recognizer
+from streamd.engine.recognizer import ChunkResult, Launched, Recognizer
 from streamd.engine.stream import ChunkGeometry, Stream
 from streamd.model.transducer import Transducer
 
 log = logging.getLogger("streamd.engine")
 
 StepObserver = Callable[[float, int], None]  # (seconds, batch size)
+STEP_POLL_S = 0.0005  # while a step runs on the device: how often the engine thread checks it
 
 
 class StreamFailed(RuntimeError):
@@ -357,18 +358,25 @@ class Engine:
                 if mask & selectors.EVENT_READ:
                     source.readable()
 
-    def _while_stepping(self) -> None:
-        """While the device runs a launched step: serve the sources and take in audio. Only
-        audio: ends, closes and calls (opens, migrations) wait for the step's results, in order."""
-        self._serve_sources(0)
-        with self._lock:
-            items, self._inbox = self._inbox, deque()
+    def _while_stepping(self, launched: Launched) -> None:
+        """Until the device has run the launched step: serve the sources and take in audio
+        (the engine thread would otherwise sit idle in `collect` for the GPU's share of the
+        step). Only audio: ends, closes and calls (opens, migrations) wait for the step's
+        results, in order. Checks the device every `STEP_POLL_S` while the sockets are quiet."""
         later: deque[Command] = deque()
-        for command in items:
-            if isinstance(command, Audio):
-                self._apply(command)
-            else:
-                later.append(command)
+        timeout = 0.0
+        while True:
+            self._serve_sources(timeout)
+            with self._lock:
+                items, self._inbox = self._inbox, deque()
+            for command in items:
+                if isinstance(command, Audio):
+                    self._apply(command)
+                else:
+                    later.append(command)
+            if launched.done():
+                break
+            timeout = STEP_POLL_S
         if later:
             with self._lock:
                 later.extend(self._inbox)
@@ -433,7 +441,7 @@ class Engine:
         t0 = time.perf_counter()
         try:
             launched = self.recognizer.launch([s.stream for s in batch if s.stream is not None])
-            self._while_stepping()
+            self._while_stepping(launched)
             results = launched.collect()
         except Exception as e:
             log.exception("engine step failed for %d streams", len(batch))

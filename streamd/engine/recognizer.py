@@ -267,6 +267,10 @@ class Launched:
             self._done.record(torch.cuda.current_stream(device))
         self._parts = parts  # on the host (once `_done` has happened)
 
+    def done(self) -> bool:
+        """Whether the device has finished the step (`collect` would not wait)."""
+        return self._done is None or self._done.query()  # type: ignore[no-untyped-call]
+
     def collect(self) -> list[ChunkResult]:
         """Wait for the step; each stream's `ChunkResult`, in the order of `streams`."""
         if self._done is not None:
