@@ -145,6 +145,39 @@ class EngineSession:
     sid: int = -1  # the stream's number in its front-end process (bridged sessions)
 
 
+@dataclass
+class StepTimes:
+    """Where the engine thread's time went since the last report (logged every `every_s`): each
+    step's launch (host work: features, window layout, queuing the GPU work), the wait for the
+    device (spent serving the front ends), and the results (read back, delivered)."""
+
+    every_s: float = 10.0
+    steps: int = 0
+    streams: int = 0
+    launch_s: float = 0.0
+    device_s: float = 0.0
+    results_s: float = 0.0
+    since: float = field(default_factory=time.perf_counter)
+
+    def add(self, batch: int, launch_s: float, device_s: float, results_s: float) -> None:
+        self.steps += 1
+        self.streams += batch
+        self.launch_s += launch_s
+        self.device_s += device_s
+        self.results_s += results_s
+        now = time.perf_counter()
+        if now - self.since >= self.every_s:
+            wall, n = now - self.since, self.steps
+            busy = self.launch_s + self.device_s + self.results_s
+            log.info("engine: %d steps in %.1f s, mean batch %.0f; per step: launch %.1f ms, on the device "
+                     "(serving the front ends) %.1f ms, results %.1f ms; %.0f %% of the time between steps",
+                     n, wall, self.streams / n, 1e3 * self.launch_s / n, 1e3 * self.device_s / n,
+                     1e3 * self.results_s / n, 100 * max(0.0, 1 - busy / wall))
+            self.steps = self.streams = 0
+            self.launch_s = self.device_s = self.results_s = 0.0
+            self.since = now
+
+
 class Engine:
     def __init__(self, recognizer: Recognizer, max_batch: int, batch_wait_s: float,
                  on_step: StepObserver | None = None) -> None:
@@ -174,6 +207,7 @@ class Engine:
         self._migrating = asyncio.Lock()
         self._listeners: list[Callable[[], None]] = []
         self._status = self._snapshot()
+        self.step_times = StepTimes()
 
     # -- loop side -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -441,7 +475,9 @@ class Engine:
         t0 = time.perf_counter()
         try:
             launched = self.recognizer.launch([s.stream for s in batch if s.stream is not None])
+            t1 = time.perf_counter()
             self._while_stepping(launched)
+            t2 = time.perf_counter()
             results = launched.collect()
         except Exception as e:
             log.exception("engine step failed for %d streams", len(batch))
@@ -460,6 +496,7 @@ class Engine:
             self._deliver(s, r)
             self._finish_if_done(s)
         self._flush()
+        self.step_times.add(len(batch), t1 - t0, t2 - t1, time.perf_counter() - t2)
 
     def _finish_if_done(self, session: EngineSession) -> None:
         if session.stream is not None and session.stream.finished:

@@ -11,7 +11,7 @@ import torch
 
 from helpers import random_model
 from streamd.engine.recognizer import Recognizer
-from streamd.engine.engine import Engine
+from streamd.engine.engine import Engine, StepTimes
 from streamd.engine.stream import Stream
 
 
@@ -167,3 +167,16 @@ def test_the_engine_migrates_itself_and_keeps_serving_on_failure() -> None:
             await engine.stop()
 
     asyncio.run(main())
+
+
+def test_step_times_report_where_the_engine_thread_went(caplog: pytest.LogCaptureFixture) -> None:
+    times = StepTimes(every_s=3600.0)
+    times.add(100, 0.010, 0.020, 0.005)
+    assert times.steps == 1 and not caplog.records  # nothing logged before `every_s` has passed
+    times.every_s = 0.0
+    with caplog.at_level(logging.INFO, logger="streamd.engine"):
+        times.add(300, 0.030, 0.040, 0.015)
+    line = caplog.records[-1].getMessage()
+    assert "2 steps" in line and "mean batch 200" in line and "launch 20.0 ms" in line
+    assert "(serving the front ends) 30.0 ms" in line and "results 10.0 ms" in line
+    assert times.steps == 0 and times.launch_s == 0.0
