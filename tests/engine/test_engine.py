@@ -51,19 +51,20 @@ def test_streams_closing_during_the_batch_wait_start_no_empty_step(caplog: pytes
 
 
 def test_capture_graphs_steps_every_bucket_and_frees_its_slots() -> None:
-    """The daemon's warm-up on a GPU: one step per batch bucket up to the capacity, smallest
+    """The daemon's warm-up on a GPU: one step per batch bucket up to the capacity, largest
     first (here eagerly, on the CPU); afterwards every slot is free again."""
     from streamd.buckets import bucket_size
 
     rec = Recognizer(random_model(), capacity=40)
     sizes = rec.capture_graphs(40)
-    assert sizes == sorted(set(sizes)) and sizes[0] == 1 and sizes[-1] == 40
+    assert sizes == sorted(set(sizes), reverse=True) and sizes[0] == 40 and sizes[-1] == 1
     assert {bucket_size(n) for n in range(1, 41)} <= {bucket_size(n) for n in sizes}
     assert rec.active == 0
 
 
 def test_capture_graphs_stops_when_the_gpu_runs_out_of_memory(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Warm-up must not take the daemon down: a step that runs out of memory ends it early."""
+    """Warm-up must not take the daemon down: sizes that run out of memory are skipped, the
+    smaller ones still captured."""
     import torch
 
     rec = Recognizer(random_model(), capacity=40)
@@ -76,7 +77,7 @@ def test_capture_graphs_stops_when_the_gpu_runs_out_of_memory(monkeypatch: pytes
 
     monkeypatch.setattr(rec, "step", step)
     sizes = rec.capture_graphs(40)
-    assert sizes and max(sizes) == 16 and rec.active == 0
+    assert sizes and max(sizes) == 16 and min(sizes) == 1 and rec.active == 0
 
 
 def _transcript(engine_results: list[object]) -> tuple[list[int], int]:
