@@ -42,19 +42,25 @@ class IncrementalLogMel:
     def samples_seen(self) -> int:
         return self._seen
 
-    def feed(self, samples: np.ndarray) -> None:
-        """Queue samples: (n,) float32 mono at the model rate (pre-emphasis only, no frames)."""
-        if samples.size == 0:
+    def feed(self, *pieces: np.ndarray) -> None:
+        """Queue samples, one or more consecutive pieces: (n,) float32 mono at the model rate
+        (pre-emphasis only, no frames). A few numpy calls however many pieces: the engine
+        feeds every stream once per step."""
+        n = sum(p.size for p in pieces)
+        if n == 0:
             return
-        x = np.asarray(samples, dtype=np.float32)
-        y = self._room(x.size)
+        y = self._room(n)
+        if len(pieces) == 1:
+            y[:] = pieces[0]
+        else:
+            np.concatenate(pieces, out=y)
+        first, last = y[0], y[-1]
         # y[i] = x[i] - p * x[i-1], float32, rounded as the offline torch ops round; the first
         # sample of the signal is kept as it is (the previous one counts as 0).
-        np.multiply(x[:-1], self._preemph, out=y[1:])
-        np.subtract(x[1:], y[1:], out=y[1:])
-        y[0] = x[0] - self._preemph * self._last
-        self._last = x[-1]
-        self._seen += x.size
+        y[1:] -= self._preemph * y[:-1]
+        y[0] = first - self._preemph * self._last
+        self._last = last
+        self._seen += n
 
     def _room(self, n: int) -> np.ndarray:
         """The next `n` cells of the buffer (counted in): compacted or grown as needed."""

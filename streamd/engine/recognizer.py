@@ -40,6 +40,9 @@ def eager_encoder(model: Transducer) -> EncoderStep:
     return make_encoder_step(model, EAGER)
 
 
+PART_ROWS = 1024  # streams per launched part of a GPU step (see `Recognizer`)
+
+
 class CapacityError(RuntimeError):
     """Every slot is taken."""
 
@@ -64,13 +67,21 @@ class Recognizer:
     for (None: its default, the first); fixed for the recognizer's life (the slot caches hold
     `left` frames), passed to the encoder at every call. `features`: where a step's log-mel
     frames are computed, "model" (the model's device: one STFT for the batch where it is
-    fastest) or "cpu"."""
+    fastest) or "cpu".
+
+    `part_rows`: a step of more streams is launched in parts of at most this many (even sizes):
+    on a GPU the host prepares part k+1 (features, window layout) while the GPU runs part k, and
+    no graph larger than a part is ever captured. None: never split."""
 
     def __init__(self, model: Transducer, capacity: int, att_context: tuple[int, int] | None = None,
                  search_factory: SearchFactory = GreedyLabelLooping.for_model,
-                 encoder_factory: EncoderFactory = eager_encoder, features: str = "model") -> None:
+                 encoder_factory: EncoderFactory = eager_encoder, features: str = "model",
+                 part_rows: int | None = PART_ROWS) -> None:
         if features not in ("model", "cpu"):
             raise ValueError(f"features must be 'model' or 'cpu', not {features!r}")
+        if part_rows is not None and part_rows < 1:
+            raise ValueError(f"part_rows must be at least 1, not {part_rows}")
+        self.part_rows = part_rows
         self.capacity, self.search_factory, self.encoder_factory = capacity, search_factory, encoder_factory
         self.model, self.search, self.encoder_step = model, search_factory(model), encoder_factory(model)
         self.att_context = model.dims.att_context(att_context)
@@ -85,6 +96,7 @@ class Recognizer:
         self._dec: DecoderState | None = None
         self._tail: Tensor | None = None  # (capacity, n_mels, 9) fp32: each slot's last encoded mel frames
         self._staged: EncoderCache | None = None
+        self._max_part: int | None = None  # set when the graph warm-up could not fit a whole part
 
     def use_model(self, model: Transducer, staged: EncoderCache | None = None) -> None:
         """Serve from another model object with the same weights and architecture (a migration
@@ -114,7 +126,7 @@ class Recognizer:
         so is every size tried before the first capture while less than `min_free` of the GPU's
         memory is free (serving needs that memory more): smaller ones are still tried. Uses free slots and gives them back. Returns the batch sizes stepped
         (largest first); a caller must not step batches larger than the first of them."""
-        top = min(up_to, len(self._free))
+        top = min(up_to, len(self._free), self._part_limit())
         sizes = sorted({min(bucket_size(b, per), top) for per in self._bucket_octaves() for b in range(1, top + 1)},
                        reverse=True)
         streams = [self.open() for _ in range(sizes[0] if sizes else 0)]
@@ -145,7 +157,21 @@ class Recognizer:
                 self.close(s)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+        if done and done[0] < top:
+            log.warning("steps launched in parts of at most %d streams: larger batches did not fit in GPU memory",
+                        done[0])
+            self._max_part = done[0]
         return done
+
+    def _part_limit(self) -> int:
+        """The most streams one launched part holds on the current device."""
+        return min(self.part_rows or self.capacity, self._max_part or self.capacity)
+
+    def _parts(self, n: int) -> list[tuple[int, int]]:
+        """[start, end) of each part of a step of n streams: as few as `_part_limit` allows, even."""
+        k = -(-n // self._part_limit()) if n else 1
+        bounds = [n * i // k for i in range(k + 1)]
+        return list(zip(bounds[:-1], bounds[1:]))
 
     def _bucket_octaves(self) -> set[int]:
         """Bucket sizes per octave of the encoder step and of the decoder (if they bucket)."""
@@ -191,9 +217,15 @@ class Recognizer:
         without waiting for it; `collect()` on the result waits and gives the results. Until
         then the caller may only push audio to streams: no other step, open or close."""
         cache, dec = self.state_tensors()
-        device = cache.channel.device
         self._reset_fresh(cache, dec)
-        # Per-stream work is numpy only; torch is called a fixed number of times per step. Each
+        return Launched(self, [self._launch_part(streams[a:b], cache, dec) for a, b in self._parts(len(streams))])
+
+    def _launch_part(self, streams: list[Stream], cache: EncoderCache, dec: DecoderState) -> _Part:
+        """Queue one part's features, windows, encoder step and decoder; the rows are independent
+        of every other part's, so parts run back to back on the device while the host prepares
+        the next."""
+        device = cache.channel.device
+        # Per-stream work is numpy only; torch is called a fixed number of times per part. Each
         # torch call releases and re-takes the GIL, and with a busy event loop in the other
         # thread every re-take can wait a whole switch interval.
         frames, counts = logmel_batch(self._feature_maker(device), [s.feature_segment() for s in streams])
@@ -207,7 +239,7 @@ class Recognizer:
         enc, enc_len = self.encoder_step(cache, rows, mel, lengths, start, full, att_context=self.att_context)
         hyps, new_dec = self.search(enc, enc_len, dec.index_select(rows))
         dec.index_copy_(rows, new_dec)
-        return Launched(self, streams, hyps, enc_len)
+        return _Part(streams, hyps, enc_len)
 
     def _windows(self, frames: Tensor, rows: Tensor, index: Tensor) -> Tensor:
         """The step's encoder windows, assembled on the model's device, and each slot's tail moved on.
@@ -258,32 +290,42 @@ class Recognizer:
         dec.index_copy_(rows, self.search.initial_state(1).expand(int(rows.shape[0])))
 
 
-class Launched:
-    """A step queued on the model's device: its labels and frame counts are being copied to
-    (pinned) host memory; `collect` waits for them, once."""
+class _Part:
+    """One launched part of a step: its labels and frame counts being copied to (pinned) host
+    memory, and an event recorded after the copy."""
 
-    def __init__(self, rec: Recognizer, streams: list[Stream], hyps: BatchedHyps, enc_len: Tensor) -> None:
-        self._rec, self._streams = rec, streams
+    def __init__(self, streams: list[Stream], hyps: BatchedHyps, enc_len: Tensor) -> None:
+        self.streams = streams
         device = enc_len.device
         parts = [hyps.labels, hyps.times, hyps.lengths, enc_len]
-        self._done: torch.cuda.Event | None = None
+        self.done: torch.cuda.Event | None = None
         if device.type == "cuda":
             parts = [_host(device, tuple(t.shape), t.dtype).copy_(t, non_blocking=True) for t in parts]
-            self._done = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            self._done.record(torch.cuda.current_stream(device))
-        self._parts = parts  # on the host (once `_done` has happened)
+            self.done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            self.done.record(torch.cuda.current_stream(device))
+        self.host = parts  # on the host (once `done` has happened)
+
+
+class Launched:
+    """A step queued on the model's device, in one or more parts; `collect` waits for them, once."""
+
+    def __init__(self, rec: Recognizer, parts: list[_Part]) -> None:
+        self._rec, self._parts = rec, parts
 
     def done(self) -> bool:
         """Whether the device has finished the step (`collect` would not wait)."""
-        return self._done is None or self._done.query()  # type: ignore[no-untyped-call]
+        return all(p.done is None or p.done.query() for p in self._parts)  # type: ignore[no-untyped-call]
 
     def collect(self) -> list[ChunkResult]:
         """Wait for the step; each stream's `ChunkResult`, in the order of `streams`."""
-        if self._done is not None:
-            self._done.synchronize()
-        labels, times, lengths, enc_len = self._parts
-        hyps = BatchedHyps(labels, times, lengths).to_lists()
-        return self._rec.results(self._streams, hyps, enc_len.tolist())
+        out: list[ChunkResult] = []
+        for p in self._parts:
+            if p.done is not None:
+                p.done.synchronize()
+            labels, times, lengths, enc_len = p.host
+            hyps = BatchedHyps(labels, times, lengths).to_lists()
+            out.extend(self._rec.results(p.streams, hyps, enc_len.tolist()))
+        return out
 
 
 def _layout(chunks: list[Chunk], slots: list[int], w: int, k: int, out: np.ndarray) -> None:

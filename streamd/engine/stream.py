@@ -146,14 +146,16 @@ class Stream:
         make one step (and every other stream's results) wait for features of its whole backlog."""
         target = self.features.samples_for(self.frames_taken + self.need)
         missing = target - self.features.samples_seen
+        fed: list[np.ndarray] = []
         while self.raw and missing > 0:
             piece = self.raw[0]
             if piece.size > missing:
-                self.features.feed(piece[:missing])
+                fed.append(piece[:missing])
                 self.raw[0] = piece[missing:]
                 break
-            self.features.feed(self.raw.pop(0))
+            fed.append(self.raw.pop(0))
             missing -= piece.size
+        self.features.feed(*fed)
         return self.features.take_segment(final=self.ended and not self.raw)
 
     def take_chunk(self, new: int) -> Chunk:

@@ -89,10 +89,6 @@ async def warm_up(engine: Engine) -> None:
         sizes = await engine.call(lambda r: r.capture_graphs(engine.max_batch))
         log.info("captured CUDA graphs for %d batch sizes up to %d in %.1f s", len(sizes), max(sizes, default=0),
                  time.perf_counter() - t0)
-        if sizes and max(sizes) < engine.max_batch:
-            log.warning("steps capped at %d streams (was %d): larger batches did not fit in GPU memory",
-                        max(sizes), engine.max_batch)
-            engine.max_batch = max(sizes)
 
 
 async def measure_capacity(state: ServerState) -> None:

@@ -78,6 +78,12 @@ def test_capture_graphs_stops_when_the_gpu_runs_out_of_memory(monkeypatch: pytes
     monkeypatch.setattr(rec, "step", step)
     sizes = rec.capture_graphs(40)
     assert sizes and max(sizes) == 16 and min(sizes) == 1 and rec.active == 0
+    assert max(b - a for a, b in rec._parts(40)) <= 16  # later steps launch in parts that fitted
+
+
+def test_capture_graphs_goes_no_higher_than_a_part() -> None:
+    rec = Recognizer(random_model(), capacity=40, part_rows=12)
+    assert rec.capture_graphs(40)[0] == 12
 
 
 def _transcript(engine_results: list[object]) -> tuple[list[int], int]:

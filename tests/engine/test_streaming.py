@@ -89,6 +89,24 @@ def test_batch_invariance_streams_of_different_lengths_and_start_times() -> None
         assert result == alone[0] == transcribe_offline(m, torch.from_numpy(a))
 
 
+def test_a_step_launched_in_parts_equals_one_launch() -> None:
+    """Large steps are launched in parts (the host prepares one while the device runs the last):
+    the same streams, stepped in parts of 2 rows, get exactly what they get in one piece."""
+    m = random_model(3, att_context_sizes=((16, 3),))
+    audios = [synthetic_audio(s, i) for i, s in enumerate([0.5, 3.1, 1.7, 2.4, 0.9, 4.0, 2.2])]
+    starts = [0, 3, 3, 7, 12, 1, 0]
+    whole, _ = run_streams(m, greedy(m), audios, starts, seed=0, part_rows=None)
+    parts, _ = run_streams(m, greedy(m), audios, starts, seed=0, part_rows=2)
+    assert parts == whole and sum(len(t) for t, _ in whole) > 0
+
+
+def test_parts_are_even_and_capped() -> None:
+    rec = Recognizer(random_model(3), capacity=40, part_rows=16)
+    assert rec._parts(40) == [(0, 13), (13, 26), (26, 40)]
+    assert rec._parts(16) == [(0, 16)] and rec._parts(1) == [(0, 1)]
+    assert Recognizer(random_model(3), capacity=40, part_rows=None)._parts(40) == [(0, 40)]
+
+
 def test_bf16_produces_tokens_close_to_fp32() -> None:
     m = fixture_model("rnnt").model
     inp = reference("rnnt")["inputs"]["in3_espeak_sentence"]["audio"]
