@@ -28,6 +28,7 @@ from streamd.server.admission import Capacity, probe, probe_sizes
 from streamd.server.front import Front
 from streamd.server.frontends import FrontEnds
 from streamd.server.handler import ServerState
+from streamd.server.heap import freeze_startup_heap
 from streamd.server.metrics import Metrics
 from streamd.server.resume import Sessions
 
@@ -133,6 +134,7 @@ class App:
             self.state.engine.start()
             await warm_up(self.state.engine)
             await measure_capacity(self.state)
+            freeze_startup_heap()
             async with contextlib.AsyncExitStack() as stack:
                 if cfg.workers:
                     self.fronts = FrontEnds(self.state, cfg.workers)

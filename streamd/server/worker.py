@@ -24,6 +24,7 @@ from streamd.engine.engine import EngineSession, EngineStatus, StreamFailed
 from streamd.server.channel import BlockingEnd
 from streamd.server.front import Front
 from streamd.server.frontends import Message, WorkerSpec, listening_socket
+from streamd.server.heap import freeze_startup_heap
 from streamd.server.handler import Census, StreamContext
 from streamd.server.metrics import Metrics
 from streamd.server.resume import Sessions
@@ -55,6 +56,7 @@ async def _serve(spec: WorkerSpec) -> None:
     sock = listening_socket(spec.config.server.host, spec.port)
     async with front.listen(sock):
         front.ready = True
+        freeze_startup_heap()
         engine.post(("up", os.getpid()))
         pusher = asyncio.create_task(_push_metrics(engine, state.metrics))
         await state.shutdown.wait()
