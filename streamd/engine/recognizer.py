@@ -71,17 +71,21 @@ class Recognizer:
 
     `part_rows`: a step of more streams is launched in parts of at most this many (even sizes):
     on a GPU the host prepares part k+1 (features, window layout) while the GPU runs part k, and
-    no graph larger than a part is ever captured. None: never split."""
+    no graph larger than a part is ever captured. None: never split.
+
+    `keep_transcripts`: each `Stream` also accumulates its tokens and times (`tokens`, `times`:
+    whole-file decoding, tests); a daemon, whose streams may run for days and get every step's
+    labels in its `ChunkResult`, turns it off."""
 
     def __init__(self, model: Transducer, capacity: int, att_context: tuple[int, int] | None = None,
                  search_factory: SearchFactory = GreedyLabelLooping.for_model,
                  encoder_factory: EncoderFactory = eager_encoder, features: str = "model",
-                 part_rows: int | None = PART_ROWS) -> None:
+                 part_rows: int | None = PART_ROWS, keep_transcripts: bool = True) -> None:
         if features not in ("model", "cpu"):
             raise ValueError(f"features must be 'model' or 'cpu', not {features!r}")
         if part_rows is not None and part_rows < 1:
             raise ValueError(f"part_rows must be at least 1, not {part_rows}")
-        self.part_rows = part_rows
+        self.part_rows, self.keep_transcripts = part_rows, keep_transcripts
         self.capacity, self.search_factory, self.encoder_factory = capacity, search_factory, encoder_factory
         self.model, self.search, self.encoder_step = model, search_factory(model), encoder_factory(model)
         self.att_context = model.dims.att_context(att_context)
@@ -270,8 +274,9 @@ class Recognizer:
         for s, (toks, times), n in zip(streams, hyps, frames):
             start = s.frames_decoded
             s.frames_decoded += n
-            s.tokens.extend(toks)
-            s.times.extend(times)
+            if self.keep_transcripts:
+                s.tokens.extend(toks)
+                s.times.extend(times)
             out.append(ChunkResult(toks, times, start, s.frames_decoded))
         return out
 

@@ -96,7 +96,7 @@ class Stream:
     steps: int = 0
     ended: bool = False
     frames_decoded: int = 0  # encoder frames
-    tokens: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)  # the whole transcript, if the recognizer keeps it
     times: list[int] = field(default_factory=list)
 
     raw: list[np.ndarray] = field(default_factory=list)  # audio not yet handed to `features`

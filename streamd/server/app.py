@@ -19,7 +19,7 @@ from streamd.decoding.graphs import EAGER, make_decoder
 from streamd.engine.encoder_step import GRAPHS, make_encoder_step
 from streamd.engine.migration import placed_copy
 from streamd.engine.placement import DTYPE_NAMES, parse_device, parse_dtype
-from streamd.engine.recognizer import Recognizer
+from streamd.engine.recognizer import PART_ROWS, Recognizer
 from streamd.engine.engine import Engine
 from streamd.model.checkpoint import load_model, resolve_model_path
 from streamd.protocol import STREAM_PATH
@@ -52,7 +52,9 @@ def build_state(cfg: Config, metrics: Metrics) -> ServerState:
 
     rec = Recognizer(placed_copy(loaded.model, device, dtype), capacity, att_context,
                      search_factory=lambda m: make_decoder(m, mode, per_octave=DECODER_BUCKETS_PER_OCTAVE),
-                     encoder_factory=lambda m: make_encoder_step(m, mode, capacity, graph_fallback))
+                     # graphs' static buffers for one launched part, not for every slot
+                     encoder_factory=lambda m: make_encoder_step(m, mode, min(capacity, PART_ROWS), graph_fallback),
+                     keep_transcripts=False)
     chunk_s = rec.geometry.chunk_ms / 1000
 
     def capacity_changed(estimate: int, limit: int) -> None:

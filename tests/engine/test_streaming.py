@@ -100,6 +100,23 @@ def test_a_step_launched_in_parts_equals_one_launch() -> None:
     assert parts == whole and sum(len(t) for t, _ in whole) > 0
 
 
+def test_a_daemons_streams_keep_no_transcript() -> None:
+    """Without `keep_transcripts` (the daemon) a stream does not accumulate its tokens: they
+    reach the caller in each step's results only, and a days-long stream uses no more memory."""
+    m = random_model(3, att_context_sizes=((16, 3),))
+    audio = synthetic_audio(3.0, 0)
+    kept, lean = (Recognizer(m, capacity=1, keep_transcripts=k) for k in (True, False))
+    got: dict[bool, list[int]] = {True: [], False: []}
+    for rec in (kept, lean):
+        s = rec.open()
+        s.push_audio(audio)
+        s.end()
+        while s.ready:
+            got[rec.keep_transcripts].extend(t for r in rec.step([s]) for t in r.tokens)
+        assert s.tokens == (got[True] if rec.keep_transcripts else [])
+    assert got[False] == got[True] and got[True]
+
+
 def test_parts_are_even_and_capped() -> None:
     rec = Recognizer(random_model(3), capacity=40, part_rows=16)
     assert rec._parts(40) == [(0, 13), (13, 26), (26, 40)]
