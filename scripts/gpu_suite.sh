@@ -42,8 +42,12 @@ if [ "$what" = capacity ]; then
 fi
 if [ "$what" = scale ]; then
   # Issue 13 in one call: the engine step's phases (PROFILES: CHUNK_MS:STREAMS:FEATURES ...; features
-  # on the model's device or the CPU), then engine vs daemon capacity (CAPACITY_ARGS). Everything
-  # lands in $OUT/scale.tar.gz (the device returns few files).
+  # on the model's device or the CPU), then engine vs daemon capacity (CAPACITY_ARGS, DAEMON_ARGS).
+  # Everything lands in $OUT/scale.tar.gz (the device returns few files). This session's run 4:
+  #   SCALE_TESTS="tests/engine/test_encoder_step_cuda.py tests/model/test_attention.py" PROFILES="160:2560:model" \
+  #   CAPACITY_BUDGET_S=262 CAPACITY_ARGS="--plan engine:160:bf16:on,daemon:160:bf16:on,engine:1120:bf16:on,daemon:1120:bf16:on \
+  #     --engine-start 3072 --engine-max 8192 --workers 6 --client-procs 6 --daemon-levels 3 --daemon-first 0.7" \
+  #   bash scripts/gpu_suite.sh scale
   S=$OUT/scale; mkdir -p "$S"
   python3 -c "import sys; sys.path.insert(0, 'scripts'); from bench_migration import make_model; make_model('/tmp/fcl.pt', 1024)" || exit 1
   timeout ${TEST_TIMEOUT_S:-120} python3 -m pytest -q -m cuda -p no:cacheprovider ${SCALE_TESTS:-tests/engine/test_encoder_step_cuda.py} \
@@ -54,8 +58,11 @@ if [ "$what" = scale ]; then
       --features "$where" --json "$S/profile-${chunk}ms-$n-$where.json" > "$S/profile-${chunk}ms-$n-$where.log" 2>&1 || status=1
     grep -A9 -e "^[0-9]* streams" -e "^each phase" -e "^host waits" "$S/profile-${chunk}ms-$n-$where.log"
   done
+  # DAEMON_ARGS: `streamd serve` flags for the daemon items, one quoted string (CAPACITY_ARGS is
+  # split on spaces, so it cannot carry them).
   timeout $(( ${CAPACITY_BUDGET_S:-240} + 100 )) python3 scripts/bench_capacity.py --model /tmp/fcl.pt \
-    --budget-s "${CAPACITY_BUDGET_S:-240}" ${CAPACITY_ARGS:-} --out "$S/capacity.json" 2>&1 \
+    --budget-s "${CAPACITY_BUDGET_S:-240}" ${CAPACITY_ARGS:-} \
+    --daemon-args "${DAEMON_ARGS:---batch-wait-ms=2 --admission=max_streams}" --out "$S/capacity.json" 2>&1 \
     | grep -v -e Warning -e _VF.lstm | tee "$S/capacity.log" || status=1
   tar -C "$OUT" -czf "$OUT/scale.tar.gz" scale && rm -rf "$S"
 fi
