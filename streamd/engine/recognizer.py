@@ -101,6 +101,7 @@ class Recognizer:
         self._tail: Tensor | None = None  # (capacity, n_mels, 9) fp32: each slot's last encoded mel frames
         self._staged: EncoderCache | None = None
         self._max_part: int | None = None  # set when the graph warm-up could not fit a whole part
+        self._start: tuple[tuple[object, ...], DecoderState] | None = None  # see `_start_row`
 
     def use_model(self, model: Transducer, staged: EncoderCache | None = None) -> None:
         """Serve from another model object with the same weights and architecture (a migration
@@ -292,7 +293,17 @@ class Recognizer:
         cache.channel_len.index_fill_(0, rows, 0)
         if self._tail is not None:
             self._tail.index_fill_(0, rows, 0.0)
-        dec.index_copy_(rows, self.search.initial_state(1).expand(int(rows.shape[0])))
+        dec.index_copy_(rows, self._start_row().expand(int(rows.shape[0])))
+
+    def _start_row(self) -> DecoderState:
+        """The after-start decoder row (the prediction net run on blank: an LSTM call), made once
+        per search object and weights: keyed on each prediction-net and joint tensor's storage,
+        version (in-place updates), device and dtype, so any move, cast or weight change remakes it."""
+        key = (id(self.search), *((p.data_ptr(), p._version, p.device, p.dtype)
+                                  for m in (self.model.decoder, self.model.joint) for p in m.parameters()))
+        if self._start is None or self._start[0] != key:
+            self._start = (key, self.search.initial_state(1))
+        return self._start[1]
 
 
 class _Part:

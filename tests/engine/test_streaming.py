@@ -191,3 +191,18 @@ def test_cut_over_copies_slot_state_into_the_staged_buffers() -> None:
     while s.ready:
         rec.step([s])
     assert (s.tokens, s.times) == expected
+
+
+def test_the_after_start_row_is_made_once_per_weights() -> None:
+    """Opened slots start from one cached after-start decoder row; a weight update in place or a
+    cast makes it again (the row must match the weights the search runs with)."""
+    m = random_model(3, att_context_sizes=((16, 3),))
+    rec = Recognizer(m, capacity=4)
+    first = rec._start_row()
+    assert rec._start_row() is first
+    with torch.no_grad():
+        m.decoder.prediction.dec_rnn.lstm.bias_ih_l0.add_(0.5)
+    again = rec._start_row()
+    assert again is not first and not torch.equal(again.gproj, first.gproj)
+    m.to(torch.float64)
+    assert rec._start_row().gproj.dtype == torch.float64
