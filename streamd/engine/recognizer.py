@@ -3,9 +3,9 @@
 Every live stream owns a slot: a row of the batched encoder caches, decoder carry and last
 encoded mel frames, kept on the model's device. A step computes the new mel frames of the
 streams that have a chunk ready (one batched call), assembles their windows there, runs one
-encoder step and one decoder call, and scatters the rows back; the host only counts. Device and dtype are read from
-the model's parameters at every step, and the slot tensors follow them: a plain `model.to(...)`
-between steps is enough.
+encoder step and one decoder call, and scatters the rows back; the host only counts. Device
+and dtype are read from the model's parameters at every step, and the slot tensors follow them:
+a plain `model.to(...)` between steps is enough.
 """
 from __future__ import annotations
 
@@ -129,8 +129,9 @@ class Recognizer:
         every larger capture needs blocks bigger than any freed one: on an H200 at 1120 ms
         chunks, 100 GB of pools before batch 3328). A size that runs out of memory is skipped, and
         so is every size tried before the first capture while less than `min_free` of the GPU's
-        memory is free (serving needs that memory more): smaller ones are still tried. Uses free slots and gives them back. Returns the batch sizes stepped
-        (largest first); a caller must not step batches larger than the first of them."""
+        memory is free (serving needs that memory more): smaller ones are still tried; if the
+        largest did not fit, later steps launch in parts no larger than the largest that did.
+        Uses free slots and gives them back. Returns the batch sizes stepped, largest first."""
         top = min(up_to, len(self._free), self._part_limit())
         sizes = sorted({min(bucket_size(b, per), top) for per in self._bucket_octaves() for b in range(1, top + 1)},
                        reverse=True)
@@ -313,13 +314,13 @@ class _Part:
     def __init__(self, streams: list[Stream], hyps: BatchedHyps, enc_len: Tensor) -> None:
         self.streams = streams
         device = enc_len.device
-        parts = [hyps.labels, hyps.times, hyps.lengths, enc_len]
+        outputs = [hyps.labels, hyps.times, hyps.lengths, enc_len]
         self.done: torch.cuda.Event | None = None
         if device.type == "cuda":
-            parts = [_host(device, tuple(t.shape), t.dtype).copy_(t, non_blocking=True) for t in parts]
+            outputs = [_host(device, tuple(t.shape), t.dtype).copy_(t, non_blocking=True) for t in outputs]
             self.done = torch.cuda.Event()  # type: ignore[no-untyped-call]
             self.done.record(torch.cuda.current_stream(device))
-        self.host = parts  # on the host (once `done` has happened)
+        self.host = outputs  # on the host (once `done` has happened)
 
 
 class Launched:
