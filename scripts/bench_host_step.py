@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""The host's share of an engine step, per stream: N streams with a chunk ready each step, the
+model's work replaced by no-ops (log-mel frames are zeros, the encoder returns zeros, the
+decoder emits nothing), so what is timed is the per-stream Python and numpy work that runs on
+the engine thread: queuing audio, feature bookkeeping, the batch's sample rows, window layout,
+results. On a GPU this work is what the daemon's engine thread spends on launching steps
+(issue 13). On a CPU the step's few batched torch calls (window assembly: `cat`, `gather`) also
+run on the host and are counted: `--profile` separates them from the per-stream work.
+
+    python scripts/bench_host_step.py --streams 2000 --chunk-ms 160 --piece-ms 100
+    python scripts/bench_host_step.py --streams 2000 --chunk-ms 1120 --piece-ms 100 --profile
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from streamd.decoding.greedy import BatchedHyps  # noqa: E402
+from streamd.engine.recognizer import Recognizer  # noqa: E402
+from streamd.model.checkpoint import load_model  # noqa: E402
+
+CHUNK_RC = {80: 0, 160: 1, 560: 6, 1120: 13}
+DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "streamd" / "assets" / "default-model.pt"
+
+
+class _NoFrames:
+    """A log-mel module whose frames are zeros of the right shape (no STFT)."""
+
+    def __init__(self, logmel: Any) -> None:
+        self.dims, self.featurizer = logmel.dims, logmel.featurizer
+
+    def frames(self, padded: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(padded.shape[0], self.dims.n_mels, (padded.shape[1] - self.dims.n_fft) // self.dims.hop_length + 1)
+
+
+class _NoSearch:
+    """A decoder that emits nothing and keeps the carry (the real one's after-start state)."""
+
+    def __init__(self, search: Any) -> None:
+        self.initial_state = search.initial_state
+
+    def __call__(self, enc: torch.Tensor, lengths: torch.Tensor, state: Any) -> tuple[BatchedHyps, Any]:
+        b = int(enc.shape[0])
+        empty = torch.zeros(b, 0, dtype=torch.long)
+        return BatchedHyps(empty, empty, torch.zeros(b, dtype=torch.long)), state
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    ap.add_argument("--streams", type=int, default=2000)
+    ap.add_argument("--chunk-ms", type=int, default=160, choices=sorted(CHUNK_RC))
+    ap.add_argument("--piece-ms", type=int, default=100, help="audio per pushed piece (a client message)")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--profile", action="store_true", help="also print cProfile's top functions")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    m = load_model(args.model).model.eval()
+    right = CHUNK_RC[args.chunk_ms]
+    rec = Recognizer(m, capacity=args.streams, att_context=(m.dims.att_context(None)[0], right))
+    d = m.dims.d_model
+
+    def no_encoder(cache: Any, rows: torch.Tensor, mel: torch.Tensor, lengths: Any, start: Any, full: Any,
+                   att_context: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        b = int(rows.shape[0])
+        return torch.zeros(b, right + 1, d), torch.full((b,), right + 1)
+
+    rec.encoder_step = no_encoder  # type: ignore[assignment]
+    rec.search = _NoSearch(rec.search)  # type: ignore[assignment]
+    no_frames = _NoFrames(rec._logmel)
+    rec._feature_maker = lambda device: no_frames  # type: ignore[assignment, method-assign, return-value]
+    streams = [rec.open() for _ in range(args.streams)]
+    rate = m.dims.features.sample_rate
+    chunk, piece = rate * args.chunk_ms // 1000, rate * args.piece_ms // 1000
+    audio = (np.random.default_rng(0).standard_normal(chunk * 12) * 0.1).astype(np.float32)
+    for s in streams:
+        s.push_audio(audio[:3000])
+
+    def step(k: int) -> float:
+        t0 = time.perf_counter()
+        base = (k % 10) * chunk
+        for s in streams:
+            for j in range(0, chunk, piece):
+                s.push_audio(audio[base + j: base + min(j + piece, chunk)])
+        rec.step([s for s in streams if s.ready])
+        return time.perf_counter() - t0
+
+    for k in range(3):
+        step(k)
+    times = [step(k) for k in range(3, 3 + args.steps)]
+    ms = 1000 * float(np.median(times))
+    print(f"{args.streams} streams, {args.chunk_ms} ms chunks, {args.piece_ms} ms pieces: host step {ms:.1f} ms "
+          f"median of {args.steps}, {1000 * ms / args.streams:.1f} us a stream")
+    if args.profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        for k in range(3):
+            step(k)
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(15)
+
+
+if __name__ == "__main__":
+    main()
