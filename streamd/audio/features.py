@@ -19,8 +19,8 @@ class IncrementalLogMel:
     the remaining frames use the same zero padding the offline STFT uses. CPU, float32.
 
     Two ways to use it: `push()` / `flush()` compute one stream's new frames; `feed()` then
-    `take_segment()` only do numpy bookkeeping, and `logmel_many()` computes the frames of many
-    streams' segments in one call (what the engine does every step)."""
+    `take_segment()` only do numpy bookkeeping, and `logmel_batch()` computes the frames of many
+    streams' segments in one call, left on the model's device (what the engine does every step)."""
 
     def __init__(self, logmel: LogMel) -> None:
         self._logmel = logmel
