@@ -261,6 +261,15 @@ def run_level(url: str, n: int, audios: list[load.Audio], args: argparse.Namespa
     return level
 
 
+def daemon_levels_at(spec: str) -> dict[int, list[int]]:
+    """`--daemon-at` "160=2400/3200,1120=6560": chunk ms -> the daemon levels to run there."""
+    out: dict[int, list[int]] = {}
+    for part in filter(None, spec.split(",")):
+        chunk, _, levels = part.partition("=")
+        out[int(chunk)] = [int(n) for n in levels.split("/")]
+    return out
+
+
 def print_level(level: dict[str, Any]) -> None:
     lg, dc = level["load_generator"], level["daemon_cpu"]
     load.print_row(level)
@@ -274,8 +283,9 @@ def daemon_capacity(model_path: Path, item: Item, guess: int, args: argparse.Nam
     """Levels of real-time streams through a real daemon, around the engine's capacity `guess`."""
     t_begin = time.monotonic()
     deadline = t_begin + seconds
-    first = max(16, int(args.daemon_first * guess) // 16 * 16)
-    top = max(first, guess)
+    fixed = daemon_levels_at(args.daemon_at).get(item.chunk_ms, [])
+    first = fixed[0] if fixed else max(16, int(args.daemon_first * guess) // 16 * 16)
+    top = max(first, guess, *fixed)
     daemon = load.Daemon(str(model_path), args.device, item.dtype, top + 64,
                          ["--right-context", str(CHUNK_RC[item.chunk_ms]), "--cuda-graphs", item.graphs,
                           "--workers", str(args.workers), *args.daemon_args.split()],
@@ -299,13 +309,20 @@ def daemon_capacity(model_path: Path, item: Item, guess: int, args: argparse.Nam
         print(f"  {load.HEADER}", flush=True)
         n = first
         level_cost = args.seconds + args.ramp_s + 8
-        while time.monotonic() + level_cost < deadline and len(levels) < args.daemon_levels:
+        while time.monotonic() + level_cost < deadline and len(levels) < (len(fixed) or args.daemon_levels):
             spy = py_spy(daemon.proc.pid, args, f"{item.chunk_ms}ms-{n}") if not levels else None
             level = run_level(url, n, audios, ns, pool, daemon.proc.pid)
             if spy is not None:
                 spy.wait()
             levels.append(level)
             print_level(level)
+            best = max(best, n) if level["passed"] else best
+            worst = min(worst or n, n) if not level["passed"] else worst
+            if fixed:  # the asked levels, in order, however each went
+                if len(levels) == len(fixed):
+                    break
+                n = fixed[len(levels)]
+                continue
             if level["passed"]:
                 best = n
                 if worst is None and n >= top:
@@ -399,6 +416,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--daemon-first", type=float, default=0.8,
                    help="first daemon level, as a fraction of the engine's capacity (default: 0.8)")
     p.add_argument("--daemon-levels", type=int, default=3, help="most daemon levels per item (default: 3)")
+    p.add_argument("--daemon-at", default="", help="run exactly these daemon levels instead of a search, "
+                   "e.g. '160=2400/3200,1120=6560' (as time allows)")
     p.add_argument("--daemon-guess", type=int, default=1024,
                    help="engine capacity assumed when the plan has no engine result for a daemon item")
     p.add_argument("--seconds", type=float, default=8.0, help="audio per stream and daemon level (default: 8)")

@@ -30,7 +30,8 @@ class BatchedHyps:
 
     def to_lists(self) -> list[tuple[list[int], list[int]]]:
         n = self.lengths.tolist()
-        labels, times = self.labels.tolist(), self.times.tolist()
+        width = max(n, default=0)  # only the columns some row uses become Python ints
+        labels, times = self.labels[:, :width].tolist(), self.times[:, :width].tolist()
         return [(labels[b][: n[b]], times[b][: n[b]]) for b in range(len(n))]
 
 

@@ -5,7 +5,9 @@ commands and reads its `EngineStatus` snapshot. The engine also owns live migrat
 The event loop never touches tensors. It posts commands (`Audio`, `End`, `Close`, `Call`) to an
 inbox; the engine thread
 drains it, runs a step as soon as streams have a full chunk (waiting at most `batch_wait_s` for
-more streams to fill the batch), and posts each stream's results back to its session's queue
+more streams to fill the batch; on a GPU, while a step runs on the device, the next is launched
+behind it, so that the host's work for one step overlaps the device's for the other), and posts
+each stream's results back to its session's queue
 with `call_soon_threadsafe`, or to the session's `sink` (a front-end process's bridge, see
 `server/frontends.py`). No polling: the thread sleeps in a selector, woken by a byte on its own
 socket pair or by an `IoSource` (a front end's channel, which the engine thread itself reads and
@@ -143,6 +145,7 @@ class EngineSession:
     closed: bool = False
     sink: Sink | None = None
     sid: int = -1  # the stream's number in its front-end process (bridged sessions)
+    in_flight: int = 0  # launched steps of this stream whose results are not delivered yet
 
 
 @dataclass
@@ -178,11 +181,26 @@ class StepTimes:
             self.since = now
 
 
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """A launched step: its sessions in order, when its launch began and how long it took."""
+
+    batch: list[EngineSession]
+    launched: Launched
+    t0: float
+    launch_s: float
+
+
 class Engine:
+    """`pipeline`: launch the next step while one runs on the device (None: when the model's
+    device runs steps asynchronously, i.e. a GPU; on a CPU a launch computes the whole step, and
+    launching another before delivering the first would only delay its results)."""
+
     def __init__(self, recognizer: Recognizer, max_batch: int, batch_wait_s: float,
-                 on_step: StepObserver | None = None) -> None:
+                 on_step: StepObserver | None = None, pipeline: bool | None = None) -> None:
         self.recognizer = recognizer
         self.max_batch, self.batch_wait_s = max_batch, batch_wait_s
+        self.pipeline = pipeline
         self._on_step = on_step
         self._lock = threading.Lock()
         self._inbox: deque[Command] = deque()
@@ -200,6 +218,9 @@ class Engine:
         self._touched: dict[EngineSession, None] = {}
         self._ready_set: dict[EngineSession, None] = {}  # in the order they became ready
         self._outbox: list[tuple[EngineSession, ResultItem]] = []
+        self._flight: deque[_Step] = deque()  # launched steps, oldest first (at most two)
+        self._held: deque[Command] = deque()  # commands that wait until no step is in flight
+        self._landed_at = 0.0  # when the last step's results were delivered (perf_counter)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -347,20 +368,34 @@ class Engine:
             self._wake_w.close()
 
     def _serve(self) -> None:
-        while True:
-            self._drain(block=not self._count_ready())
-            if self._stopping:
-                break
-            if not self._count_ready():
-                continue
-            deadline = time.monotonic() + self.batch_wait_s
-            target = min(self.max_batch, len(self._live))
-            while self._count_ready() < target and (left := deadline - time.monotonic()) > 0:
-                self._drain(block=True, timeout=left)
-            if self._count_ready():  # every ready stream may have closed while the batch filled
-                self._step(list(itertools.islice(self._ready_set, self.max_batch)))
+        while not self._stopping:
+            if not self._flight:
+                self._drain(block=not self._count_ready())
+                if self._stopping or not self._count_ready():
+                    continue
+                deadline = time.monotonic() + self.batch_wait_s
+                target = min(self.max_batch, len(self._live))
+                while self._count_ready() < target and (left := deadline - time.monotonic()) > 0:
+                    self._drain(block=True, timeout=left)
+                if self._count_ready():  # every ready stream may have closed while the batch filled
+                    self._launch()
+                if self._flight and not self._pipelining():
+                    self._land()
+            else:
+                # A step is on the device: queue the next behind it (its host work overlaps the
+                # device's), unless a held command needs the pipeline empty; then land the older.
+                if not self._held and self._count_ready():
+                    self._launch()
+                self._land()
+        while self._flight:
+            self._land()
         for s in list(self._live):
             self._release(s)
+
+    def _pipelining(self) -> bool:
+        if self.pipeline is not None:
+            return self.pipeline
+        return self.recognizer.model.device.type == "cuda"
 
     def _drain(self, block: bool, timeout: float | None = None) -> None:
         """Apply what was posted and what the sources have; with `block` and nothing posted,
@@ -395,9 +430,9 @@ class Engine:
     def _while_stepping(self, launched: Launched) -> None:
         """Until the device has run the launched step: serve the sources and take in audio
         (the engine thread would otherwise sit idle in `collect` for the GPU's share of the
-        step). Only audio: ends, closes and calls (opens, migrations) wait for the step's
-        results, in order. Checks the device every `STEP_POLL_S` while the sockets are quiet."""
-        later: deque[Command] = deque()
+        step). Only audio: ends, closes and calls (opens, migrations) are held until no step is
+        in flight (`_land`), in order. Checks the device every `STEP_POLL_S` while the sockets
+        are quiet."""
         timeout = 0.0
         while True:
             self._serve_sources(timeout)
@@ -407,14 +442,10 @@ class Engine:
                 if isinstance(command, Audio):
                     self._apply(command)
                 else:
-                    later.append(command)
+                    self._held.append(command)
             if launched.done():
-                break
+                return
             timeout = STEP_POLL_S
-        if later:
-            with self._lock:
-                later.extend(self._inbox)
-                self._inbox = later
 
     def _drain_wake_ups(self) -> None:
         try:
@@ -450,14 +481,20 @@ class Engine:
         if session.stream is None:
             return  # a closed or failed stream: late audio is ignored
         if isinstance(command, Audio):
-            session.stream.push_audio(command.samples)
-            self._touched[session] = None
+            self.take_audio(session, command.samples)
         elif isinstance(command, End):
             session.stream.end()
             self._touched[session] = None
             self._finish_if_done(session)
         else:
             self._release(session)
+
+    def take_audio(self, session: EngineSession, samples: np.ndarray) -> None:
+        """Queue `session`'s float32 samples now: on the engine thread only (a front end's
+        bridge, which runs there, hands its streams' audio over this way, not as commands).
+        Ignored once the stream has closed or failed."""
+        if session.stream is not None and session.stream.push_audio(samples):
+            self._ready_set[session] = None
 
     def _open(self, session: EngineSession) -> None:
         session.stream = self.recognizer.open()
@@ -471,35 +508,68 @@ class Engine:
         self._touched.clear()
         return len(self._ready_set)
 
-    def _step(self, batch: list[EngineSession]) -> None:
+    def _launch(self) -> None:
+        """Launch a step of the oldest ready streams (at most `max_batch`)."""
+        batch: list[EngineSession] = []
+        streams: list[Stream] = []
+        for s in itertools.islice(self._ready_set, self.max_batch):
+            if s.stream is not None:
+                batch.append(s)
+                streams.append(s.stream)
         t0 = time.perf_counter()
         try:
-            launched = self.recognizer.launch([s.stream for s in batch if s.stream is not None])
-            t1 = time.perf_counter()
-            self._while_stepping(launched)
-            t2 = time.perf_counter()
-            results = launched.collect()
+            launched = self.recognizer.launch(streams)
         except Exception as e:
-            log.exception("engine step failed for %d streams", len(batch))
-            for s in batch:
-                self._deliver(s, StreamFailed(f"engine step failed: {e}"))
-                self._release(s)
-            self._flush()
+            self._fail(batch, e)
             return
-        if self._on_step is not None:
-            self._on_step(time.perf_counter() - t0, len(batch))
-        self._status = self._snapshot()
         for s in batch:  # ready again only if more input is there
             del self._ready_set[s]
             self._touched[s] = None
-        for s, r in zip(batch, results):
-            self._deliver(s, r)
-            self._finish_if_done(s)
+            s.in_flight += 1
+        self._flight.append(_Step(batch, launched, t0, time.perf_counter() - t0))
+
+    def _land(self) -> None:
+        """Wait for the oldest launched step (serving the sources meanwhile) and deliver its
+        results; once no step is in flight, the held commands go first in the inbox."""
+        step = self._flight.popleft()
+        t1 = time.perf_counter()
+        try:
+            self._while_stepping(step.launched)
+            t2 = time.perf_counter()
+            results = step.launched.collect()
+        except Exception as e:
+            self._fail(step.batch, e)
+            results = None
+        if results is not None:
+            now = time.perf_counter()
+            if self._on_step is not None:  # the time this step held the pipeline's output
+                self._on_step(now - max(step.t0, self._landed_at), len(step.batch))
+            self._landed_at = now
+            self._status = self._snapshot()
+            for s, r in zip(step.batch, results):
+                if s.stream is not None:  # not failed in the meantime
+                    s.in_flight -= 1
+                    self._deliver(s, r)
+                    self._finish_if_done(s)
+            self._flush()
+            self._update_interest()
+            self.step_times.add(len(step.batch), step.launch_s, t2 - t1, time.perf_counter() - t2)
+        if not self._flight and self._held:
+            with self._lock:
+                self._held.extend(self._inbox)
+                self._inbox, self._held = self._held, deque()
+
+    def _fail(self, batch: list[EngineSession], error: Exception) -> None:
+        log.error("engine step failed for %d streams", len(batch), exc_info=error)
+        for s in batch:
+            s.in_flight = 0
+            if s.stream is not None:
+                self._deliver(s, StreamFailed(f"engine step failed: {error}"))
+                self._release(s)
         self._flush()
-        self.step_times.add(len(batch), t1 - t0, t2 - t1, time.perf_counter() - t2)
 
     def _finish_if_done(self, session: EngineSession) -> None:
-        if session.stream is not None and session.stream.finished:
+        if session.stream is not None and not session.in_flight and session.stream.finished:
             self._deliver(session, None)
             self._release(session)
 

@@ -102,17 +102,22 @@ class Stream:
     raw: list[np.ndarray] = field(default_factory=list)  # audio not yet handed to `features`
     samples: int = 0  # samples pushed so far
     frames_taken: int = 0  # mel frames consumed by steps
+    full_at: int = 0  # samples that make the next full chunk (see `push_audio`)
 
     @classmethod
     def new(cls, slot: int, logmel: LogMel, geometry: ChunkGeometry) -> Stream:
-        return cls(slot, IncrementalLogMel(logmel), geometry)
+        stream = cls(slot, IncrementalLogMel(logmel), geometry)
+        stream.full_at = stream._samples_for_next_chunk()
+        return stream
 
-    def push_audio(self, samples: np.ndarray) -> None:
+    def push_audio(self, samples: np.ndarray) -> bool:
         """samples: (n,) float32 mono at the model's sample rate. Only queued: features are
-        computed once per step, for a whole chunk and for all streams together."""
+        computed once per step, for a whole chunk and for all streams together. Returns whether
+        a full chunk is pending now (`ready`, in two comparisons: the engine asks per piece)."""
         if samples.size:
             self.raw.append(samples)
             self.samples += samples.size
+        return self.samples >= self.full_at
 
     def end(self) -> None:
         """No more audio: the remaining frames become a last, shorter step."""
@@ -167,4 +172,10 @@ class Stream:
         chunk = Chunk(lead=g.window - need, tail=min(self.frames_taken, PRE_ENCODE_CACHE), new=new)
         self.frames_taken += new
         self.steps += 1
+        self.full_at = self._samples_for_next_chunk()
         return chunk
+
+    def _samples_for_next_chunk(self) -> int:
+        """Samples pushed at which the next step's frames all exist (before the end)."""
+        frames = self.frames_taken + self.need
+        return max(self.features.samples_for(frames), frames * self.geometry.hop)

@@ -31,8 +31,7 @@ from typing import Any
 import numpy as np
 
 from streamd.config import Config
-from streamd.engine.engine import (Audio, Close, End, EngineSession, EngineStatus, ResultItem, StreamCommand,
-                                   StreamFailed)
+from streamd.engine.engine import Close, End, EngineSession, EngineStatus, ResultItem, StreamCommand, StreamFailed
 from streamd.server.channel import NonBlockingEnd, socket_pair
 from streamd.server.handler import Census, ServerState
 
@@ -97,10 +96,10 @@ class Bridge:
         batch: list[StreamCommand] = []
         for m in messages:
             kind = m[0]
-            if kind == "audio":  # the queued audio of its streams: one array, cut here
+            if kind == "audio":  # the queued audio of its streams: one array, cut here, taken now
                 for sid, samples in zip(m[1], np.split(m[3], np.cumsum(m[2][:-1]))):
                     if (s := self.sessions.get(sid)) is not None:
-                        batch.append(Audio(s, samples))
+                        engine.take_audio(s, samples)
             elif kind == "end" or kind == "close":
                 s = self.sessions.get(m[1]) if kind == "end" else self.sessions.pop(m[1], None)
                 if s is not None:

@@ -187,3 +187,60 @@ def test_step_times_report_where_the_engine_thread_went(caplog: pytest.LogCaptur
     assert "2 steps" in line and "mean batch 200" in line and "launch 20.0 ms" in line
     assert "(serving the front ends) 30.0 ms" in line and "results 10.0 ms" in line
     assert times.steps == 0 and times.launch_s == 0.0
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_pipelined_steps_give_the_results_of_one_step_at_a_time(device: str) -> None:
+    """With the next step launched while one is in flight (what the engine does on a GPU, here
+    with the daemon's CUDA graphs): a stream with a backlog is in two steps at
+    once, an end, a close or an open waits until no step is in flight, and a stream's `None`
+    comes after its last result. Every stream's results equal those of one step at a time."""
+    from streamd.decoding.graphs import make_decoder
+    from streamd.engine.encoder_step import make_encoder_step
+
+    rng = np.random.default_rng(5)
+    audios = [rng.standard_normal(16000 * n).astype(np.float32) * 0.1 for n in (3, 4, 2, 3)]
+    mode = "auto" if device == "cuda" else "eager"
+
+    async def run(pipeline: bool) -> tuple[list[list[object]], list[int]]:
+        rec = Recognizer(random_model(seed=1).to(device), capacity=4,
+                         search_factory=lambda m: make_decoder(m, mode),
+                         encoder_factory=lambda m: make_encoder_step(m, mode, 4))
+        engine = Engine(rec, max_batch=4, batch_wait_s=0.0, pipeline=pipeline)
+        in_flight_at_launch: list[int] = []
+        real_launch = rec.launch
+
+        def launch(streams: list[Stream]) -> object:
+            in_flight_at_launch.append(len(engine._flight))
+            return real_launch(streams)
+
+        rec.launch = launch  # type: ignore[method-assign, assignment]
+        engine.start()
+        try:
+            a, b, d = await engine.open(), await engine.open(), await engine.open()
+            engine.push(d, audios[3])  # closed after a's first result: its slot goes to c
+            engine.push(a, audios[0])  # a backlog of several steps
+            engine.end(a)
+            for piece in np.array_split(audios[1], 7):
+                engine.push(b, piece)
+            first = await a.results.get()
+            engine.close(d)
+            c = await engine.open()
+            engine.push(c, audios[2])
+            engine.end(c)
+            engine.end(b)
+            out = []
+            for s, items in ((a, [first]), (b, []), (c, [])):
+                while (item := await s.results.get()) is not None:
+                    items.append(item)
+                assert all(not isinstance(r, Exception) for r in items)
+                out.append(items)
+            return out, in_flight_at_launch
+        finally:
+            await engine.stop()
+
+    (piped, flights), (serial, serial_flights) = asyncio.run(run(True)), asyncio.run(run(False))
+    assert max(flights) == 1 and max(serial_flights) == 0  # steps did overlap, and only when asked
+    for p, s in zip(piped, serial):
+        assert len(p) > 1 and _transcript(p) == _transcript(s)  # tokens and the last frame decoded
+        assert [r.frame_start for r in p[1:]] == [r.frame_end for r in p[:-1]]  # type: ignore[attr-defined]
