@@ -2,8 +2,8 @@
 commands and reads its `EngineStatus` snapshot. The engine also owns live migration
 (`Engine.migrate`: the copy is made off the thread, the swap between two steps).
 
-The event loop never touches tensors. It posts commands (`Audio`, `End`, `Close`, `Call`) to an
-inbox; the engine thread
+The event loop never touches tensors. It posts commands (`Open`, `Audio`, `End`, `Close`, `Call`)
+to an inbox; the engine thread
 drains it, runs a step as soon as streams have a full chunk (waiting at most `batch_wait_s` for
 more streams to fill the batch; on a GPU, while a step runs on the device, the next is launched
 behind it, so that the host's work for one step overlaps the device's for the other), and posts
@@ -74,6 +74,14 @@ class Close:
 
 
 @dataclass(frozen=True, slots=True)
+class Open:
+    """Give `session` a slot; `future` gets None, or the CapacityError when none is free."""
+
+    session: EngineSession
+    future: Future[None]
+
+
+@dataclass(frozen=True, slots=True)
 class Call:
     """Run `fn(recognizer)` on the engine thread between two steps; its result goes to `future`."""
 
@@ -86,7 +94,7 @@ class Stop:
     """Finish the engine thread (slots released)."""
 
 
-Command = Audio | End | Close | Call | Stop
+Command = Open | Audio | End | Close | Call | Stop
 StreamCommand = Audio | End | Close  # what a front end's bridge posts in bulk
 
 
@@ -300,7 +308,9 @@ class Engine:
 
     def open_session(self, session: EngineSession) -> Future[None]:
         """Give `session` a slot (from any thread); the future raises CapacityError if none is free."""
-        return self.submit(lambda rec: self._open(session))
+        fut: Future[None] = Future()
+        self._post(Open(session, fut))
+        return fut
 
     def push(self, session: EngineSession, samples: np.ndarray) -> None:
         """Queue float32 mono samples at the model rate."""
@@ -383,7 +393,7 @@ class Engine:
                     self._land()
             else:
                 # A step is on the device: queue the next behind it (its host work overlaps the
-                # device's), unless a held command needs the pipeline empty; then land the older.
+                # device's), unless a held call needs the pipeline empty; then land the older.
                 if not self._held and self._count_ready():
                     self._launch()
                 self._land()
@@ -430,19 +440,21 @@ class Engine:
     def _while_stepping(self, launched: Launched) -> None:
         """Until the device has run the launched step: serve the sources and take in audio
         (the engine thread would otherwise sit idle in `collect` for the GPU's share of the
-        step). Only audio: ends, closes and calls (opens, migrations) are held until no step is
-        in flight (`_land`), in order. Checks the device every `STEP_POLL_S` while the sockets
-        are quiet."""
+        step). Stream commands are applied now: a slot closed and opened again is reset by the
+        next launch, queued on the device behind the steps in flight, and a stream does not
+        finish while a step of it is in flight. Calls (migrations, warm-up) and the stop are
+        held until no step is in flight (`_land`), in order. Checks the device every
+        `STEP_POLL_S` while the sockets are quiet."""
         timeout = 0.0
         while True:
             self._serve_sources(timeout)
             with self._lock:
                 items, self._inbox = self._inbox, deque()
             for command in items:
-                if isinstance(command, Audio):
-                    self._apply(command)
-                else:
+                if isinstance(command, (Call, Stop)):
                     self._held.append(command)
+                else:
+                    self._apply(command)
             if launched.done():
                 return
             timeout = STEP_POLL_S
@@ -468,6 +480,14 @@ class Engine:
                 self._selector.modify(source, want, source)
 
     def _apply(self, command: Command) -> None:
+        if isinstance(command, Open):
+            try:
+                self._open(command.session)
+            except BaseException as e:  # CapacityError: handed to whoever awaits the open
+                command.future.set_exception(e)
+            else:
+                command.future.set_result(None)
+            return
         if isinstance(command, Call):
             try:
                 command.future.set_result(command.fn(self.recognizer))
