@@ -33,10 +33,21 @@ class ChunkGeometry:
     subsampling: int
     hop: int
     sample_rate: int
+    half_window: int = 256  # n_fft // 2: a mel frame's samples on either side of its centre
 
     @classmethod
     def of(cls, dims: ModelDims, right: int) -> ChunkGeometry:
-        return cls(right, dims.subsampling_factor, dims.features.hop_length, dims.features.sample_rate)
+        f = dims.features
+        return cls(right, dims.subsampling_factor, f.hop_length, f.sample_rate, f.n_fft // 2)
+
+    def samples_for(self, frames: int) -> int:
+        """Samples of a live stream after which its first `frames` mel frames all exist (the
+        signal goes on: `IncrementalLogMel.frames_for`)."""
+        return 0 if frames <= 0 else max((frames - 1) * self.hop + self.half_window, frames * self.hop)
+
+    def frames_after(self, steps: int) -> int:
+        """Mel frames the first `steps` full steps consume."""
+        return 0 if steps <= 0 else self.new_frames(True) + (steps - 1) * self.new_frames(False)
 
     @property
     def window(self) -> int:
@@ -177,5 +188,4 @@ class Stream:
 
     def _samples_for_next_chunk(self) -> int:
         """Samples pushed at which the next step's frames all exist (before the end)."""
-        frames = self.frames_taken + self.need
-        return max(self.features.samples_for(frames), frames * self.geometry.hop)
+        return self.geometry.samples_for(self.frames_taken + self.need)

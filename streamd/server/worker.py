@@ -1,10 +1,11 @@
 """A front-end process: the stream port's event loop (websockets, protocol, sessions) with the
 engine in the daemon's main process, reached through a channel (`server/frontends.py`).
 
-`RemoteEngine` stands in for the `Engine`: `Connection` cannot tell them apart. Commands of a
-few milliseconds (`COALESCE_S`) go to the engine in one message; results come back one message
-per engine hand-over. Two threads here do the channel's blocking reads and writes, off the
-event loop.
+`RemoteEngine` stands in for the `Engine`: `Connection` cannot tell them apart. A stream's audio
+is held here until it completes the engine's next chunk (`ChunkGate`), then goes as one piece;
+commands of a few milliseconds (`COALESCE_S`) go to the engine in one message; results come back
+one message per engine hand-over. Two threads here do the channel's blocking reads and writes,
+off the event loop.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import threading
 import numpy as np
 
 from streamd import log as logsetup
+from streamd.engine.stream import ChunkGeometry
 from streamd.model.tokenizer import Tokenizer
 from streamd.engine.recognizer import CapacityError, ChunkResult
 from streamd.engine.engine import EngineSession, EngineStatus, StreamFailed
@@ -72,6 +74,40 @@ async def _push_metrics(engine: RemoteEngine, metrics: Metrics) -> None:
         await asyncio.sleep(METRICS_PUSH_S)
 
 
+class ChunkGate:
+    """One stream's audio held in its front end until it completes the engine's next chunk.
+
+    The engine can do nothing with audio short of a chunk, and every piece it takes costs its
+    one thread the same, however small: with 100 ms client messages and 1120 ms chunks, eleven
+    pieces a chunk. Held here, it gets one, at the moment the stream becomes ready there
+    (`Stream.full_at`: the same thresholds), so no result comes later for it."""
+
+    def __init__(self, geometry: ChunkGeometry) -> None:
+        self.geometry = geometry
+        self._pieces: list[np.ndarray] = []
+        self._samples = 0  # pushed so far
+        self._steps = 0  # full chunks whose audio has been let through
+        self._next = geometry.samples_for(geometry.frames_after(1))
+
+    def push(self, samples: np.ndarray) -> np.ndarray | None:
+        """Hold `samples`; returns the audio to send now (all held so far) once a chunk is complete."""
+        self._pieces.append(samples)
+        self._samples += samples.size
+        if self._samples < self._next:
+            return None
+        while self._samples >= self._next:
+            self._steps += 1
+            self._next = self.geometry.samples_for(self.geometry.frames_after(self._steps + 1))
+        return self.flush()
+
+    def flush(self) -> np.ndarray | None:
+        """Everything held (the stream ends), or None."""
+        pieces, self._pieces = self._pieces, []
+        if not pieces:
+            return None
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+
 class RemoteEngine:
     """The engine as a front-end process sees it (the `EngineClient` surface)."""
 
@@ -86,6 +122,7 @@ class RemoteEngine:
         self._next = 0
         self._pending: list[Message] = []
         self._audio: list[tuple[int, np.ndarray]] = []  # (sid, float32 samples) queued since the last message
+        self._gates: dict[int, ChunkGate] = {}  # per open stream: audio short of its next chunk
         self._flush_due = False
         self._out: queue.SimpleQueue[list[Message] | None] = queue.SimpleQueue()
         self._writer = threading.Thread(target=self._write_all, name="streamd-engine-out", daemon=True)
@@ -118,20 +155,26 @@ class RemoteEngine:
             raise CapacityError(error)
         session = EngineSession(sid=sid)
         self._sessions[sid] = session
+        self._gates[sid] = ChunkGate(self._status.geometry)
         return session
 
     def push(self, session: EngineSession, samples: np.ndarray) -> None:
-        if samples.size:
-            self._audio.append((session.sid, samples))
+        gate = self._gates.get(session.sid)
+        if samples.size and gate is not None and (chunk := gate.push(samples)) is not None:
+            self._audio.append((session.sid, chunk))
             self._schedule()
 
     def end(self, session: EngineSession) -> None:
+        gate = self._gates.pop(session.sid, None)
+        if gate is not None and (rest := gate.flush()) is not None:
+            self._audio.append((session.sid, rest))  # leaves before the end (`_flush`)
         self.post(("end", session.sid))
 
     def close(self, session: EngineSession) -> None:
         if not session.closed:
             session.closed = True
             self._sessions.pop(session.sid, None)
+            self._gates.pop(session.sid, None)
             self.post(("close", session.sid))
 
     async def metrics_text(self) -> bytes:
