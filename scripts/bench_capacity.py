@@ -261,12 +261,13 @@ def run_level(url: str, n: int, audios: list[load.Audio], args: argparse.Namespa
     return level
 
 
-def daemon_levels_at(spec: str) -> dict[int, list[int]]:
-    """`--daemon-at` "160=2400/3200,1120=6560": chunk ms -> the daemon levels to run there."""
-    out: dict[int, list[int]] = {}
+def daemon_levels_at(spec: str) -> dict[str, list[int]]:
+    """`--daemon-at` "160=2400/3200,1120:fp32=4096": chunk ms (and dtype, which goes first) ->
+    the daemon levels to run there."""
+    out: dict[str, list[int]] = {}
     for part in filter(None, spec.split(",")):
-        chunk, _, levels = part.partition("=")
-        out[int(chunk)] = [int(n) for n in levels.split("/")]
+        key, _, levels = part.partition("=")
+        out[key] = [int(n) for n in levels.split("/")]
     return out
 
 
@@ -283,7 +284,8 @@ def daemon_capacity(model_path: Path, item: Item, guess: int, args: argparse.Nam
     """Levels of real-time streams through a real daemon, around the engine's capacity `guess`."""
     t_begin = time.monotonic()
     deadline = t_begin + seconds
-    fixed = daemon_levels_at(args.daemon_at).get(item.chunk_ms, [])
+    at = daemon_levels_at(args.daemon_at)
+    fixed = at.get(f"{item.chunk_ms}:{item.dtype}", at.get(str(item.chunk_ms), []))
     first = fixed[0] if fixed else max(16, int(args.daemon_first * guess) // 16 * 16)
     top = max(first, guess, *fixed)
     daemon = load.Daemon(str(model_path), args.device, item.dtype, top + 64,
@@ -417,7 +419,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="first daemon level, as a fraction of the engine's capacity (default: 0.8)")
     p.add_argument("--daemon-levels", type=int, default=3, help="most daemon levels per item (default: 3)")
     p.add_argument("--daemon-at", default="", help="run exactly these daemon levels instead of a search, "
-                   "e.g. '160=2400/3200,1120=6560' (as time allows)")
+                   "per chunk ms or chunk:dtype, e.g. '160=2400/3200,1120:fp32=4096' (as time allows)")
     p.add_argument("--daemon-guess", type=int, default=1024,
                    help="engine capacity assumed when the plan has no engine result for a daemon item")
     p.add_argument("--seconds", type=float, default=8.0, help="audio per stream and daemon level (default: 8)")

@@ -43,10 +43,12 @@ fi
 if [ "$what" = scale ]; then
   # Issue 13 in one call: the engine step's phases (PROFILES: CHUNK_MS:STREAMS:FEATURES ...; features
   # on the model's device or the CPU), then engine vs daemon capacity (CAPACITY_ARGS, DAEMON_ARGS).
-  # Everything lands in $OUT/scale.tar.gz (the device returns few files). This session's run 4:
-  #   SCALE_TESTS="tests/engine/test_encoder_step_cuda.py tests/model/test_attention.py" PROFILES="160:2560:model" \
-  #   CAPACITY_BUDGET_S=262 CAPACITY_ARGS="--plan engine:160:bf16:on,daemon:160:bf16:on,engine:1120:bf16:on,daemon:1120:bf16:on \
-  #     --engine-start 3072 --engine-max 8192 --workers 6 --client-procs 6 --daemon-levels 3 --daemon-first 0.7" \
+  # Everything lands in $OUT/scale.tar.gz (the device returns few files). The bar's levels, as in
+  # benchmarks/h200-2026-12-03d-scale run 3:
+  #   SCALE_TESTS="tests/engine/test_engine.py tests/engine/test_encoder_step_cuda.py tests/model/test_attention.py" \
+  #   PROFILES="" CAPACITY_BUDGET_S=460 CAPACITY_ARGS="--plan engine:160:bf16:on,daemon:160:bf16:on,engine:1120:bf16:on,daemon:1120:bf16:on \
+  #     --daemon-at 160=2400/3200,1120=6560/7680 --engine-start 4096 --engine-max 8192 --engine-refine 1 \
+  #     --engine-cap-s 40 --daemon-cap-s 180 --seconds 8 --warmup-s 2 --workers 8 --client-procs 6" \
   #   bash scripts/gpu_suite.sh scale
   S=$OUT/scale; mkdir -p "$S"
   python3 -c "import sys; sys.path.insert(0, 'scripts'); from bench_migration import make_model; make_model('/tmp/fcl.pt', 1024)" || exit 1
