@@ -221,8 +221,9 @@ class Recognizer:
     def launch(self, streams: list[Stream]) -> Launched:
         """Queue the step of `streams` (each must be `ready`) on the model's device and return
         without waiting for it; `collect()` on the result waits and gives the results. Until
-        then the caller may push audio to streams and launch further steps (their work queues
-        behind this one's on the device; collect them in launch order), but not open or close."""
+        then the caller may push audio, open and close streams (a reused slot is reset by the
+        next launch, queued behind this one) and launch further steps (their work queues behind
+        this one's on the device; collect them in launch order)."""
         cache, dec = self.state_tensors()
         self._reset_fresh(cache, dec)
         return Launched(self, [self._launch_part(streams[a:b], cache, dec) for a, b in self._parts(len(streams))])
