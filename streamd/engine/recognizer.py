@@ -18,13 +18,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from streamd.audio.features import logmel_batch
 from streamd.buckets import bucket_size
 from streamd.decoding.graphs import BucketedGraphDecoder, GraphGreedyLabelLooping
 from streamd.decoding.greedy import BatchedHyps, GreedyLabelLooping
 from streamd.decoding.state import DecoderState
 from streamd.engine.encoder_step import EAGER, EncoderStep, make_encoder_step
-from streamd.engine.stream import Chunk, ChunkGeometry, Stream
+from streamd.engine.stream import ChunkGeometry, Stream
 from streamd.model.encoder import PRE_ENCODE_CACHE, EncoderCache
 from streamd.model.preprocessor import LogMel
 from streamd.model.transducer import Transducer
@@ -94,6 +93,10 @@ class Recognizer:
         # Live features are fp32, whatever the model's dtype; the streams' bookkeeping uses this CPU copy.
         self._logmel = copy.deepcopy(model.preprocessor).float().cpu()
         self._device_logmel: LogMel | None = None  # a copy on the model's device, made when needed
+        # Every slot's raw samples, one row each (`Stream.row`): room for a full step's samples
+        # and half as many more (pieces that do not fit wait in the stream until a step).
+        full = self.geometry.segment_samples(self.geometry.new_frames(False))
+        self._samples = np.zeros((capacity, full + max(full // 2, 4096)), dtype=np.float32)
         self._free = list(range(capacity - 1, -1, -1))
         self._fresh: dict[int, None] = {}  # slots opened since the last step: rows still to reset
         self._cache: EncoderCache | None = None
@@ -119,7 +122,7 @@ class Recognizer:
             raise CapacityError(f"all {self.capacity} stream slots are in use")
         slot = self._free.pop()
         self._fresh[slot] = None  # its rows are reset at the next step, with all others opened since
-        return Stream.new(slot, self._logmel, self.geometry)
+        return Stream.new(slot, self._samples[slot], self.geometry)
 
     def capture_graphs(self, up_to: int, min_free: float = 0.1) -> list[int]:
         """Step silent streams at every batch bucket (encoder's and decoder's) up to `up_to`
@@ -233,21 +236,42 @@ class Recognizer:
         of every other part's, so parts run back to back on the device while the host prepares
         the next."""
         device = cache.channel.device
-        # Per-stream work is numpy only; torch is called a fixed number of times per part. Each
-        # torch call releases and re-takes the GIL, and with a busy event loop in the other
-        # thread every re-take can wait a whole switch interval.
-        frames, counts = logmel_batch(self._feature_maker(device), [s.feature_segment() for s in streams])
-        chunks = [s.take_chunk(k) for s, k in zip(streams, counts)]
-        meta = _host(device, (len(streams), 3 + self.geometry.window + PRE_ENCODE_CACHE), torch.int64)
-        _layout(chunks, [s.slot for s in streams], self.geometry.window, frames.shape[2], meta.numpy())
+        g, n = self.geometry, len(streams)
+        # Per-stream work is one numpy copy and some counting; torch is called a fixed number of
+        # times per part. Each torch call releases and re-takes the GIL, and with a busy event
+        # loop in the other thread every re-take can wait a whole switch interval.
+        news = [s.next_frames() for s in streams]
+        k = max(news, default=1)
+        samples = _host(device, (n, g.segment_samples(k)), torch.float32)
+        meta = _host(device, (n, 4 + g.window + PRE_ENCODE_CACHE), torch.int64)
+        rows_np, meta_np = samples.numpy(), meta.numpy()
+        taken = np.array([s.take(new, row) for s, new, row in zip(streams, news, rows_np)], dtype=np.int64)
+        _layout(taken.reshape(n, 3), news, [s.slot for s in streams], g.window, k, meta_np)
+        frames = self._frames(samples, meta[:, 3], device)
         meta = meta.to(device, non_blocking=True)
         lengths, start, rows = meta[:, 0], meta[:, 1], meta[:, 2]
-        mel = self._windows(frames.to(device), rows, meta[:, 3:])
-        full = all(c.start == 0 and c.length == self.geometry.window for c in chunks)
+        mel = self._windows(frames, rows, meta[:, 4:])
+        full = bool(n) and bool((meta_np[:, 1] == 0).all() and (meta_np[:, 0] == g.window).all())
         enc, enc_len = self.encoder_step(cache, rows, mel, lengths, start, full, att_context=self.att_context)
         hyps, new_dec = self.search(enc, enc_len, dec.index_select(rows))
         dec.index_copy_(rows, new_dec)
         return _Part(streams, hyps, enc_len)
+
+    def _frames(self, samples: Tensor, real: Tensor, device: torch.device) -> Tensor:
+        """The step's new mel frames, on `device`: pre-emphasis (as the offline front end
+        computes it) and log-mel of every row in one call where `features` says.
+
+        samples: (b, S) host float32 rows from `Stream.take` (one sample before the first
+        window, then the windows); real: (b,) host int64, how many of a row's samples are the
+        signal's (later ones, past its end or the row's own length, count as zeros). Returns
+        (b, n_mels, (S - 1 - n_fft) // hop + 1) fp32."""
+        logmel = self._feature_maker(device)
+        at = logmel.featurizer.fb.device
+        x = samples.to(at, non_blocking=True)
+        real = real.to(at, non_blocking=True)
+        y = x[:, 1:] - logmel.dims.preemph * x[:, :-1]
+        y = torch.where(torch.arange(y.shape[1], device=at)[None] < (real - 1)[:, None], y, 0.0)
+        return logmel.frames(y).to(device, non_blocking=True)
 
     def _windows(self, frames: Tensor, rows: Tensor, index: Tensor) -> Tensor:
         """The step's encoder windows, assembled on the model's device, and each slot's tail moved on.
@@ -347,16 +371,18 @@ class Launched:
         return out
 
 
-def _layout(chunks: list[Chunk], slots: list[int], w: int, k: int, out: np.ndarray) -> None:
-    """Fill `out` (b, 3 + W + 9) int64 with, per stream: window length, start and slot, then the
-    gather index of its W window columns into [9 tail frames | K new frames | a zero column]
-    (`Recognizer._windows`), then that of its next 9 tail frames. Vectorised over the streams."""
-    lead, tail, new = (np.array([getattr(c, f) for c in chunks], dtype=np.int64)[:, None] for f in ("lead", "tail", "new"))
-    out[:, 0:1], out[:, 1:2], out[:, 2] = lead + new, lead - tail, slots
+def _layout(taken: np.ndarray, news: list[int], slots: list[int], w: int, k: int, out: np.ndarray) -> None:
+    """Fill `out` (b, 4 + W + 9) int64 from what each stream's `Stream.take` returned (`taken`:
+    (b, 3) lead, tail, real) and its new frames: window length, start, slot and real samples,
+    then the gather index of its W window columns into [9 tail frames | K new frames | a zero
+    column] (`Recognizer._windows`), then that of its next 9 tail frames. Vectorised."""
+    lead, tail = taken[:, 0:1], taken[:, 1:2]
+    new = np.array(news, dtype=np.int64)[:, None]
+    out[:, 0:1], out[:, 1:2], out[:, 2], out[:, 3] = lead + new, lead - tail, slots, taken[:, 2]
     col = np.arange(w, dtype=np.int64)[None]
     src = col - lead + PRE_ENCODE_CACHE  # window column -> column of [tail | new]
-    out[:, 3: 3 + w] = np.where((col >= lead - tail) & (col < lead + new), src, PRE_ENCODE_CACHE + k)
-    out[:, 3 + w:] = new + np.arange(PRE_ENCODE_CACHE, dtype=np.int64)[None]
+    out[:, 4: 4 + w] = np.where((col >= lead - tail) & (col < lead + new), src, PRE_ENCODE_CACHE + k)
+    out[:, 4 + w:] = new + np.arange(PRE_ENCODE_CACHE, dtype=np.int64)[None]
 
 
 def _host(device: torch.device, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:

@@ -1,4 +1,4 @@
-"""One live stream's host-side state: incremental features and the mel frames not yet encoded.
+"""One live stream's host-side state: its raw samples not yet framed, and what it has consumed.
 
 Chunk geometry (mel frames of one hop, 10 ms at 16 kHz; encoder frames are S = 8 mel frames, 80
 ms), derived from the model's dims: at right context R every step encodes a window of
@@ -7,9 +7,10 @@ frames, later steps S(R+1). The window's leading rows that precede the stream ar
 offline pass's causal zero padding, so streaming output is the offline output, chunk for chunk.
 The last step takes whatever is left.
 
-A stream holds no mel frames: a step computes the frames it consumes for all its streams at
-once and assembles the windows where the model is (`Recognizer.launch`); the stream only
-counts samples and frames and says where its frames go in the window (`Chunk`).
+A stream holds no mel frames: a step copies the raw samples of the frames it consumes, for all
+its streams, into one batch (`Stream.take`), computes their pre-emphasis and frames in one call
+and assembles the windows where the model is (`Recognizer.launch`); the stream only keeps its
+samples (in its slot's row of one array the recognizer owns) and counts samples and frames.
 """
 from __future__ import annotations
 
@@ -17,10 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from streamd.audio.features import IncrementalLogMel
 from streamd.model.dims import ModelDims
 from streamd.model.encoder import PRE_ENCODE_CACHE
-from streamd.model.preprocessor import LogMel
 
 
 @dataclass(frozen=True)
@@ -39,6 +38,24 @@ class ChunkGeometry:
     def of(cls, dims: ModelDims, right: int) -> ChunkGeometry:
         f = dims.features
         return cls(right, dims.subsampling_factor, f.hop_length, f.sample_rate, f.n_fft // 2)
+
+    @property
+    def n_fft(self) -> int:
+        return 2 * self.half_window
+
+    def frames_for(self, samples: int, ended: bool) -> int:
+        """Mel frames of a live stream once `samples` samples have arrived (all of them, if it
+        `ended`: the offline count, samples // hop; before, a frame needs its whole window)."""
+        if ended:
+            return samples // self.hop
+        if samples < self.half_window:
+            return 0
+        return min((samples - self.half_window) // self.hop + 1, samples // self.hop)
+
+    def segment_samples(self, frames: int) -> int:
+        """Samples a step of `frames` new frames copies: their windows, one sample before
+        (pre-emphasis reads it) and nothing more."""
+        return (frames - 1) * self.hop + self.n_fft + 1
 
     def samples_for(self, frames: int) -> int:
         """Samples of a live stream after which its first `frames` mel frames all exist (the
@@ -74,35 +91,20 @@ class ChunkGeometry:
         return self.hop * self.subsampling * (self.right + 1) * 1000 // self.sample_rate
 
 
-@dataclass(frozen=True)
-class Chunk:
-    """Where a stream's frames go in one step's window (W columns): its last `tail` encoded frames
-    (at most 9) end at column `lead`, its `new` frames start there; columns [start, length) hold
-    frames, the rest are zero (those before `start` act as the causal zero padding)."""
-
-    lead: int
-    tail: int
-    new: int
-
-    @property
-    def start(self) -> int:
-        return self.lead - self.tail
-
-    @property
-    def length(self) -> int:
-        return self.lead + self.new
-
-
 @dataclass
 class Stream:
     """Audio and frame bookkeeping of one stream; the engine owns its slot in the batched state
     (encoder and decoder state, and its last encoded mel frames).
 
-    Everything here is numpy: the engine thread must not spend a GIL release and re-acquire (a
-    torch call) per stream, or a busy event loop stalls it (see `Recognizer.step`)."""
+    Samples live in `row` (the slot's row of the recognizer's sample array): row[c] is sample
+    `origin + c` of the padded signal, which has zeros before sample 0 (the offline STFT's centre
+    padding, and the zero pre-emphasis reads before the first sample). Pieces that do not fit
+    yet wait in `raw`. Everything here is numpy: the engine thread must not spend a GIL release
+    and re-acquire (a torch call) per stream, or a busy event loop stalls it (see
+    `Recognizer.launch`)."""
 
     slot: int
-    features: IncrementalLogMel
+    row: np.ndarray  # (M,) float32
     geometry: ChunkGeometry
     steps: int = 0
     ended: bool = False
@@ -110,24 +112,36 @@ class Stream:
     tokens: list[int] = field(default_factory=list)  # the whole transcript, if the recognizer keeps it
     times: list[int] = field(default_factory=list)
 
-    raw: list[np.ndarray] = field(default_factory=list)  # audio not yet handed to `features`
+    raw: list[np.ndarray] = field(default_factory=list)  # audio not in `row` yet, in order
     samples: int = 0  # samples pushed so far
     frames_taken: int = 0  # mel frames consumed by steps
     full_at: int = 0  # samples that make the next full chunk (see `push_audio`)
+    origin: int = 0  # padded-signal index of row[0]
+    filled: int = 0  # row[:filled] holds samples (or the leading zeros)
 
     @classmethod
-    def new(cls, slot: int, logmel: LogMel, geometry: ChunkGeometry) -> Stream:
-        stream = cls(slot, IncrementalLogMel(logmel), geometry)
+    def new(cls, slot: int, row: np.ndarray, geometry: ChunkGeometry) -> Stream:
+        """A stream in a (reused) slot's row: its leading zeros are written here."""
+        lead = geometry.half_window + 1
+        row[:lead] = 0.0
+        stream = cls(slot, row, geometry, origin=-lead, filled=lead)
         stream.full_at = stream._samples_for_next_chunk()
         return stream
 
     def push_audio(self, samples: np.ndarray) -> bool:
-        """samples: (n,) float32 mono at the model's sample rate. Only queued: features are
-        computed once per step, for a whole chunk and for all streams together. Returns whether
-        a full chunk is pending now (`ready`, in two comparisons: the engine asks per piece)."""
-        if samples.size:
-            self.raw.append(samples)
-            self.samples += samples.size
+        """samples: (n,) float32 mono at the model's sample rate, copied into the stream's row (or
+        queued, when it does not fit yet). Returns whether a full chunk is pending now (`ready`,
+        in two comparisons: the engine asks per piece)."""
+        n = samples.size
+        if n:
+            if not self.raw and self.filled + n > self.row.size:  # drop what no step needs any more
+                self._compact(self.frames_taken * self.geometry.hop - self.geometry.half_window - 1)
+            if not self.raw and self.filled + n <= self.row.size:
+                self.row[self.filled: self.filled + n] = samples
+                self.filled += n
+            else:
+                self.raw.append(samples)
+            self.samples += n
         return self.samples >= self.full_at
 
     def end(self) -> None:
@@ -141,7 +155,7 @@ class Stream:
     @property
     def frames_left(self) -> int:
         """Mel frames that exist (or will, once computed) and no step has taken yet."""
-        return self.features.frames_for(self.samples, self.ended) - self.frames_taken
+        return self.geometry.frames_for(self.samples, self.ended) - self.frames_taken
 
     @property
     def ready(self) -> bool:
@@ -153,38 +167,60 @@ class Stream:
     def finished(self) -> bool:
         return self.ended and self.frames_left == 0
 
-    def feature_segment(self) -> np.ndarray | None:
-        """Hand the queued audio the next step needs to the feature extractor and return the
-        samples of the frames now computable (for `logmel_batch`), or None: exactly the frames
-        the next step takes (`min(need, frames_left)` of a `ready` stream), no more.
+    def next_frames(self) -> int:
+        """New mel frames the next step takes: `min(need, frames_left)` of a `ready` stream.
 
         Only up to the next step's frames: a client that sends far ahead of real time must not
-        make one step (and every other stream's results) wait for features of its whole backlog."""
-        target = self.features.samples_for(self.frames_taken + self.need)
-        missing = target - self.features.samples_seen
-        fed: list[np.ndarray] = []
-        while self.raw and missing > 0:
-            piece = self.raw[0]
-            if piece.size > missing:
-                fed.append(piece[:missing])
-                self.raw[0] = piece[missing:]
-                break
-            fed.append(self.raw.pop(0))
-            missing -= piece.size
-        self.features.feed(*fed)
-        return self.features.take_segment(final=self.ended and not self.raw)
+        make one step (and every other stream's results) wait for its whole backlog."""
+        return min(self.need, self.frames_left)
 
-    def take_chunk(self, new: int) -> Chunk:
-        """Consume the `new` frames of this step (those of the last `feature_segment()`, at most
-        `need`) and say where they and the tail go in the window."""
-        g, need = self.geometry, self.need
-        if new > need:
-            raise ValueError(f"a step takes at most {need} frames, not {new}")
-        chunk = Chunk(lead=g.window - need, tail=min(self.frames_taken, PRE_ENCODE_CACHE), new=new)
+    def take(self, new: int, out: np.ndarray) -> tuple[int, int, int]:
+        """Consume the next `new` frames (`next_frames()`): copy their samples (`segment_samples`,
+        from one sample before their first window on) into `out`. Returns where they go in the
+        step's window of W columns: the stream's last `tail` encoded frames (at most 9) end at
+        column `lead`, the new frames start there (columns before `lead - tail` are zero: the
+        causal zero padding); and how many of the copied samples are the signal's (`real`; the
+        rest, past its end, count as zeros)."""
+        g = self.geometry
+        need = self.need
+        if new > need or new < 1:
+            raise ValueError(f"a step takes 1 to {need} frames, not {new}")
+        lo = self.frames_taken * g.hop - g.half_window - 1  # padded-signal index of out[0]
+        size = g.segment_samples(new)
+        if self.raw or lo - self.origin + size > self.row.size:
+            self._hold(lo, size)
+        at = lo - self.origin
+        out[:size] = self.row[at: at + size]
+        tail = min(self.frames_taken, PRE_ENCODE_CACHE)
         self.frames_taken += new
         self.steps += 1
         self.full_at = self._samples_for_next_chunk()
-        return chunk
+        return g.window - need, tail, size if not self.ended else min(size, self.samples - lo)
+
+    def _compact(self, keep_from: int) -> None:
+        """Drop the row's samples before padded-signal index `keep_from`."""
+        shift = keep_from - self.origin
+        if shift > 0:
+            self.row[: self.filled - shift] = self.row[shift: self.filled]
+            self.origin, self.filled = keep_from, self.filled - shift
+
+    def _hold(self, lo: int, size: int) -> None:
+        """Make row cover padded samples [lo, lo + size) (those past the signal's end may be
+        stale: `take` says how many are real): drop what precedes `lo` if it does not fit, then
+        move queued pieces in."""
+        if lo - self.origin + size > self.row.size:
+            self._compact(lo)
+        while self.raw and self.filled < self.row.size:
+            piece = self.raw[0]
+            room = self.row.size - self.filled
+            if piece.size > room:
+                self.row[self.filled:] = piece[:room]
+                self.raw[0] = piece[room:]
+                self.filled += room
+            else:
+                self.row[self.filled: self.filled + piece.size] = piece
+                self.filled += piece.size
+                self.raw.pop(0)
 
     def _samples_for_next_chunk(self) -> int:
         """Samples pushed at which the next step's frames all exist (before the end)."""

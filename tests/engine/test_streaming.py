@@ -206,3 +206,40 @@ def test_the_after_start_row_is_made_once_per_weights() -> None:
     assert again is not first and not torch.equal(again.gproj, first.gproj)
     m.to(torch.float64)
     assert rec._start_row().gproj.dtype == torch.float64
+
+
+@pytest.mark.parametrize("right", [0, 1, 13])
+def test_a_stream_takes_exactly_the_padded_signal_whatever_its_pieces(right: int) -> None:
+    """`Stream.take` copies each step's samples (one before the first window, then the windows)
+    from the slot's row: equal to the offline padded signal for any piece sizes, with a row so
+    small that it is compacted and pieces wait in the stream; at the end, the samples past the
+    signal are not counted as real."""
+    from streamd.engine.stream import ChunkGeometry, Stream
+
+    g = ChunkGeometry.of(random_model().dims, right)
+    rng = np.random.default_rng(right)
+    x = rng.standard_normal(16000 * 3 + 77).astype(np.float32)
+    lead = g.half_window + 1
+    padded = np.concatenate([np.zeros(lead, np.float32), x])  # padded[i + lead] is sample i
+    stream = Stream.new(0, np.full(g.segment_samples(g.new_frames(False)) + 50, np.nan, np.float32), g)
+    taken, at = 0, 0
+
+    def take_ready() -> None:
+        nonlocal taken
+        while stream.ready:
+            k = stream.next_frames()
+            out = np.empty(g.segment_samples(k), np.float32)
+            lo = taken * g.hop - g.half_window - 1
+            *_, real = stream.take(k, out)
+            np.testing.assert_array_equal(out[:real], padded[lo + lead: lo + lead + real])
+            assert real == out.size or stream.ended
+            taken += k
+
+    while at < x.size:
+        n = int(rng.integers(1, 9000))
+        assert stream.push_audio(x[at: at + n]) == stream.ready  # the two-comparison readiness
+        at += n
+        take_ready()
+    stream.end()
+    take_ready()
+    assert stream.finished and taken == x.size // g.hop
