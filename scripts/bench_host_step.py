@@ -2,10 +2,11 @@
 """The host's share of an engine step, per stream: N streams with a chunk ready each step, the
 model's work replaced by no-ops (log-mel frames are zeros, the encoder returns zeros, the
 decoder emits nothing), so what is timed is the per-stream Python and numpy work that runs on
-the engine thread: queuing audio, feature bookkeeping, the batch's sample rows, window layout,
-results. On a GPU this work is what the daemon's engine thread spends on launching steps
-(issue 13). On a CPU the step's few batched torch calls (window assembly: `cat`, `gather`) also
-run on the host and are counted: `--profile` separates them from the per-stream work.
+the engine thread: queuing audio, the batch's sample rows, window layout, results. On a GPU
+this work is what the daemon's engine thread spends on launching steps (issue 13). On a CPU the
+step's few batched torch calls (pre-emphasis; window assembly: `cat`, `gather`) also run on the
+host, on fresh (unpinned) buffers, and are counted: `--profile` separates them from the
+per-stream work.
 
     python scripts/bench_host_step.py --streams 2000 --chunk-ms 160 --piece-ms 100
     python scripts/bench_host_step.py --streams 2000 --chunk-ms 1120 --piece-ms 100 --profile

@@ -35,15 +35,13 @@ from streamd.decoding.graphs import EAGER, make_decoder  # noqa: E402
 from streamd.engine.encoder_step import make_encoder_step  # noqa: E402
 from streamd.engine.migration import placed_copy  # noqa: E402
 from streamd.engine.placement import parse_device, parse_dtype  # noqa: E402
-from streamd.engine import recognizer as recognizer_module  # noqa: E402
 from streamd.engine.recognizer import Recognizer  # noqa: E402
 from streamd.model.checkpoint import load_model  # noqa: E402
 
 CHUNK_RC = {80: 0, 160: 1, 560: 6, 1120: 13}
 PHASES = {
-    "features (feature_segment, logmel_batch)": ("stream.py:feature_segment", "features.py:logmel_batch"),
-    "windows (take_chunk, _layout, _windows)": ("stream.py:take_chunk", "recognizer.py:_layout",
-                                                "recognizer.py:_windows"),
+    "features (Stream.take, Recognizer._frames)": ("stream.py:take", "recognizer.py:_frames"),
+    "windows (_layout, _windows)": ("recognizer.py:_layout", "recognizer.py:_windows"),
     "encoder step (launch or replay)": ("encoder_step.py:__call__",),
     "decoder (launch or replay)": ("greedy.py:__call__", "graphs.py:__call__"),
     "labels read back (waits for the GPU)": ("recognizer.py:collect",),
@@ -74,17 +72,18 @@ class _Synced:
 def gpu_phases(rec: Recognizer, step: Any, steps: int) -> dict[str, float]:
     """Milliseconds per step of the batched features, the encoder step and the decoder, each
     synchronised on its own (a separate pass: the GPU's share of each phase)."""
-    times: dict[str, list[float]] = {"features (logmel_batch)": [], "encoder step": [], "decoder": []}
+    times: dict[str, list[float]] = {"features (Recognizer._frames)": [], "encoder step": [], "decoder": []}
     names = list(times)
-    enc, search, logmel = rec.encoder_step, rec.search, recognizer_module.logmel_batch
+    enc, search = rec.encoder_step, rec.search
     rec.encoder_step = _Synced(enc, times[names[1]])  # type: ignore[assignment]
     rec.search = _Synced(search, times[names[2]])  # type: ignore[assignment]
-    recognizer_module.logmel_batch = _Synced(logmel, times[names[0]])  # type: ignore[assignment]
+    rec._frames = _Synced(rec._frames, times[names[0]])  # type: ignore[method-assign]
     try:
         for _ in range(steps):
             step()
     finally:
-        rec.encoder_step, rec.search, recognizer_module.logmel_batch = enc, search, logmel
+        rec.encoder_step, rec.search = enc, search
+        del rec._frames  # the class's method again
     return {k: 1000 * float(np.median(v)) for k, v in times.items() if v}
 
 

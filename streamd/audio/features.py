@@ -1,6 +1,10 @@
 """Live log-mel features: the model's front end (`streamd.model.preprocessor.LogMel`) computed
 incrementally, frame-identical to the offline pass. Mel frame i is centred on sample hop*i (160
 at 16 kHz); it is ready once sample hop*i + n_fft/2 - 1 has arrived.
+
+This is the reference incremental front end, one signal at a time. The engine computes the same
+frames its own way, for a whole step at once (`Stream.take`, `Recognizer._frames`: pre-emphasis
+on the model's device); tests/engine/test_streaming.py holds the two equal.
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ class IncrementalLogMel:
 
     Two ways to use it: `push()` / `flush()` compute one stream's new frames; `feed()` then
     `take_segment()` only do numpy bookkeeping, and `logmel_batch()` computes the frames of many
-    streams' segments in one call, left on the model's device (what the engine does every step)."""
+    streams' segments in one call, left on `logmel`'s device."""
 
     def __init__(self, logmel: LogMel) -> None:
         self._logmel = logmel

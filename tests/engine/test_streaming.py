@@ -243,3 +243,37 @@ def test_a_stream_takes_exactly_the_padded_signal_whatever_its_pieces(right: int
     stream.end()
     take_ready()
     assert stream.finished and taken == x.size // g.hop
+
+
+def test_a_steps_features_equal_the_incremental_reference() -> None:
+    """The engine's features (each stream's samples copied by `Stream.take`, pre-emphasis and
+    log-mel of the batch in `Recognizer._frames`) equal `IncrementalLogMel`'s, the reference
+    incremental front end (itself equal to the offline one: tests/audio), frame for frame."""
+    import torch
+
+    from streamd.audio.features import IncrementalLogMel
+
+    rec = Recognizer(random_model(seed=4), capacity=2)
+    stream = rec.open()
+    reference = IncrementalLogMel(rec._logmel)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal(16000 * 2 + 33).astype(np.float32)
+    pieces = np.split(x, np.sort(rng.integers(1, x.size, 9)))
+    expected = torch.cat([reference.push(p) for p in pieces] + [reference.flush()], dim=1)
+
+    got = []
+
+    def take_ready() -> None:
+        while stream.ready:
+            k = stream.next_frames()
+            out = np.zeros(rec.geometry.segment_samples(k), np.float32)
+            *_, real = stream.take(k, out)
+            frames = rec._frames(torch.from_numpy(out)[None], torch.tensor([real]), torch.device("cpu"))
+            got.append(frames[0, :, :k])
+
+    for piece in pieces:
+        stream.push_audio(piece)
+        take_ready()
+    stream.end()
+    take_ready()
+    assert torch.equal(torch.cat(got, dim=1), expected)
