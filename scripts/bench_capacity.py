@@ -318,20 +318,20 @@ def daemon_capacity(model_path: Path, item: Item, guess: int, args: argparse.Nam
                 spy.wait()
             levels.append(level)
             print_level(level)
-            best = max(best, n) if level["passed"] else best
-            worst = min(worst or n, n) if not level["passed"] else worst
+            if level["passed"]:
+                best = max(best, n)
+            else:
+                worst = n if worst is None else min(worst, n)
             if fixed:  # the asked levels, in order, however each went
                 if len(levels) == len(fixed):
                     break
                 n = fixed[len(levels)]
                 continue
             if level["passed"]:
-                best = n
                 if worst is None and n >= top:
                     break  # as many as the engine alone keeps real time
                 nxt = top if worst is None else (best + worst) // 2
             else:
-                worst = n
                 nxt = (best + worst) // 2 if best else n // 2
             nxt = nxt // 16 * 16
             if nxt < 16 or nxt == n or any(lv["streams"] == nxt for lv in levels) or abs(nxt - n) < 0.05 * n:

@@ -8,8 +8,6 @@ on the model's device); tests/engine/test_streaming.py holds the two equal.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 import torch
 from torch import Tensor
@@ -23,19 +21,15 @@ class IncrementalLogMel:
     the remaining frames use the same zero padding the offline STFT uses. CPU, float32.
 
     Two ways to use it: `push()` / `flush()` compute one stream's new frames; `feed()` then
-    `take_segment()` only do numpy bookkeeping, and `logmel_batch()` computes the frames of many
-    streams' segments in one call, left on `logmel`'s device."""
+    `take_segment()` only do numpy bookkeeping, and `logmel_many()` computes the frames of many
+    streams' segments in one call."""
 
     def __init__(self, logmel: LogMel) -> None:
         self._logmel = logmel
         self._hop = logmel.dims.hop_length
         self._half = logmel.dims.n_fft // 2
         self._preemph = np.float32(logmel.dims.preemph)
-        # Pre-emphasised samples [_start, _start + _len) live in _buf[_off: _off + _len]; the
-        # buffer is written in place and compacted only when it fills (a step's segment is a
-        # view of it, valid until the next `feed`).
-        self._buf = np.zeros(4 * self._half, dtype=np.float32)
-        self._off, self._len = 0, self._half  # the centre padding: `half` zeros before sample 0
+        self._buf = np.zeros(self._half, dtype=np.float32)  # pre-emphasised, from sample `_start`
         self._start = -self._half
         self._last = np.float32(0.0)  # last raw sample, for pre-emphasis across pieces
         self._seen = 0  # raw samples pushed so far
@@ -46,59 +40,35 @@ class IncrementalLogMel:
     def samples_seen(self) -> int:
         return self._seen
 
-    def feed(self, *pieces: np.ndarray) -> None:
-        """Queue samples, one or more consecutive pieces: (n,) float32 mono at the model rate
-        (pre-emphasis only, no frames). A few numpy calls however many pieces: the engine
-        feeds every stream once per step."""
-        n = sum(p.size for p in pieces)
-        if n == 0:
+    def feed(self, samples: np.ndarray) -> None:
+        """Queue samples: (n,) float32 mono at the model rate (pre-emphasis only, no frames)."""
+        if samples.size == 0:
             return
-        y = self._room(n)
-        if len(pieces) == 1:
-            y[:] = pieces[0]
-        else:
-            np.concatenate(pieces, out=y)
-        first, last = y[0], y[-1]
-        # y[i] = x[i] - p * x[i-1], float32, rounded as the offline torch ops round; the first
-        # sample of the signal is kept as it is (the previous one counts as 0).
-        y[1:] -= self._preemph * y[:-1]
-        y[0] = first - self._preemph * self._last
-        self._last = last
-        self._seen += n
-
-    def _room(self, n: int) -> np.ndarray:
-        """The next `n` cells of the buffer (counted in): compacted or grown as needed."""
-        if self._off + self._len + n > self._buf.size:
-            keep = self._buf[self._off: self._off + self._len]
-            if self._len + n > self._buf.size // 2:
-                grown = np.empty(2 * (self._len + n), dtype=np.float32)
-                grown[: self._len] = keep
-                self._buf = grown
-            else:
-                self._buf[: self._len] = keep  # a memmove: source and target may overlap
-            self._off = 0
-        at = self._off + self._len
-        self._len += n
-        return self._buf[at: at + n]
+        x = np.ascontiguousarray(samples, dtype=np.float32)
+        prev = np.concatenate([np.array([self._last], dtype=np.float32), x[:-1]])
+        y = x - self._preemph * prev  # float32, rounded as the offline torch ops round
+        if self._seen == 0:
+            y[0] = x[0]
+        self._last = x[-1]
+        self._seen += x.size
+        self._buf = np.concatenate([self._buf, y])
 
     def take_segment(self, final: bool = False) -> np.ndarray | None:
         """The padded samples of every frame ready now (of all remaining frames if `final`: the
         signal has ended), as a (S,) array whose full 512-sample frames at hop 160 are exactly
-        those frames; None when there are none. Advances past them. The array is a view of the
-        extractor's buffer: use it before the next `feed`."""
+        those frames; None when there are none. Advances past them."""
         if final and not self._flushed:
-            self._room(2 * self._half)[:] = 0.0
+            self._buf = np.concatenate([self._buf, np.zeros(2 * self._half, dtype=np.float32)])
             self._flushed = True
         upto = self._seen // self._hop if final else self.frames_for(self._seen, final=False)
         if upto <= self._next:
             return None
         lo = self._next * self._hop - self._half - self._start
         hi = (upto - 1) * self._hop + self._half - self._start
-        seg = self._buf[self._off + lo: self._off + hi]
+        seg = self._buf[lo:hi]
         self._next = upto
         keep_from = self._next * self._hop - self._half - self._start
-        self._off += keep_from
-        self._len -= keep_from
+        self._buf = self._buf[keep_from:]
         self._start += keep_from
         return seg
 
@@ -111,19 +81,10 @@ class IncrementalLogMel:
         """Emit the frames left at the end of the signal (total = samples // hop)."""
         return self._frames(self.take_segment(final=True))
 
-    def samples_for(self, frames: int) -> int:
-        """Samples needed before `frames` frames are ready (before the end of the signal)."""
-        return 0 if frames <= 0 else (frames - 1) * self._hop + self._half
-
     def frames_for(self, samples: int, final: bool) -> int:
         """Frames this extractor emits in total once `samples` samples have been pushed (and
-        flushed, if `final`): a frame needs its whole 512-sample window, and the offline count
-        is samples // hop."""
-        if final:
-            return samples // self._hop
-        if samples < self._half:
-            return 0
-        return min((samples - self._half) // self._hop + 1, samples // self._hop)
+        flushed, if `final`): `frames_ready`."""
+        return frames_ready(samples, final, self._hop, self._half)
 
     def _frames(self, seg: np.ndarray | None) -> Tensor:
         if seg is None:
@@ -131,36 +92,29 @@ class IncrementalLogMel:
         return torch.from_numpy(logmel_many(self._logmel, [seg])[0])
 
 
+def frames_ready(samples: int, ended: bool, hop: int, half: int) -> int:
+    """Mel frames of a live signal once `samples` samples have arrived (all of them, if it
+    `ended`: the offline count, samples // hop; before, a frame needs its whole window, `half`
+    samples either side of its centre). The engine counts with it too (`ChunkGeometry`)."""
+    if ended:
+        return samples // hop
+    if samples < half:
+        return 0
+    return min((samples - half) // hop + 1, samples // hop)
+
+
 def logmel_many(logmel: LogMel, segments: list[np.ndarray]) -> list[np.ndarray]:
-    """Frames of many `take_segment()` segments in one batched call, read back to the host.
+    """Frames of many `take_segment()` segments in one batched call (one STFT, one matmul) on
+    `logmel`'s device, read back to the host.
 
     Returns, per segment, (n_mels, k) float32 with k = (len - n_fft) // hop + 1."""
     if not segments:
         return []
-    frames, counts = logmel_batch(logmel, segments)
-    mel = frames.cpu().numpy()
-    return [mel[i, :, :k] for i, k in enumerate(counts)]
-
-
-def logmel_batch(logmel: LogMel, segments: Sequence[np.ndarray | None]) -> tuple[Tensor, list[int]]:
-    """Frames of many `take_segment()` segments (None: no frames) in one batched call (one STFT,
-    one matmul) on `logmel`'s device, left there: one copy of the samples, through pinned memory
-    on a GPU, so the call queues its work and returns without waiting for the GPU.
-
-    Returns frames (B, n_mels, max k) float32 (a row's columns past its k are not frames of it) and
-    each segment's k = (len - n_fft) // hop + 1 (0 for None)."""
     d = logmel.dims
-    device = logmel.featurizer.fb.device
-    counts = [0 if s is None else (s.size - d.n_fft) // d.hop_length + 1 for s in segments]
-    longest = max((s.size for s in segments if s is not None), default=0)
-    if longest == 0:
-        return torch.zeros((len(segments), d.n_mels, 0), device=device), counts
-    # Written once, row by row (a row's cells past its segment only make frames nobody reads:
-    # zeroed so that they stay finite).
-    samples = torch.empty((len(segments), longest), dtype=torch.float32, pin_memory=device.type == "cuda")
+    counts = [(s.size - d.n_fft) // d.hop_length + 1 for s in segments]
+    samples = torch.zeros((len(segments), max(s.size for s in segments)), dtype=torch.float32)
     for row, seg in zip(samples.numpy(), segments):
-        n = 0 if seg is None else seg.size
-        row[:n] = seg
-        row[n:] = 0.0
+        row[: seg.size] = seg
     with torch.no_grad():
-        return logmel.frames(samples.to(device, non_blocking=True)), counts
+        mel = logmel.frames(samples.to(logmel.featurizer.fb.device)).cpu().numpy()
+    return [mel[i, :, :k] for i, k in enumerate(counts)]

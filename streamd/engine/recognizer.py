@@ -247,8 +247,8 @@ class Recognizer:
         rows_np, meta_np = samples.numpy(), meta.numpy()
         taken = np.array([s.take(new, row) for s, new, row in zip(streams, news, rows_np)], dtype=np.int64)
         _layout(taken.reshape(n, 3), news, [s.slot for s in streams], g.window, k, meta_np)
-        frames = self._frames(samples, meta[:, 3], device)
-        meta = meta.to(device, non_blocking=True)
+        meta_host, meta = meta, meta.to(device, non_blocking=True)
+        frames = self._frames(samples, meta_host[:, 3], meta[:, 3], device)
         lengths, start, rows = meta[:, 0], meta[:, 1], meta[:, 2]
         mel = self._windows(frames, rows, meta[:, 4:])
         full = bool(n) and bool((meta_np[:, 1] == 0).all() and (meta_np[:, 0] == g.window).all())
@@ -257,18 +257,18 @@ class Recognizer:
         dec.index_copy_(rows, new_dec)
         return _Part(streams, hyps, enc_len)
 
-    def _frames(self, samples: Tensor, real: Tensor, device: torch.device) -> Tensor:
+    def _frames(self, samples: Tensor, real_host: Tensor, real: Tensor, device: torch.device) -> Tensor:
         """The step's new mel frames, on `device`: pre-emphasis (as the offline front end
         computes it) and log-mel of every row in one call where `features` says.
 
         samples: (b, S) host float32 rows from `Stream.take` (one sample before the first
-        window, then the windows); real: (b,) host int64, how many of a row's samples are the
-        signal's (later ones, past its end or the row's own length, count as zeros). Returns
-        (b, n_mels, (S - 1 - n_fft) // hop + 1) fp32."""
+        window, then the windows); real: (b,) int64 on `device` (`real_host`: the same on the
+        host), how many of a row's samples are the signal's (later ones, past its end or the
+        row's own length, count as zeros). Returns (b, n_mels, (S - 1 - n_fft) // hop + 1) fp32."""
         logmel = self._feature_maker(device)
         at = logmel.featurizer.fb.device
         x = samples.to(at, non_blocking=True)
-        real = real.to(at, non_blocking=True)
+        real = real if at == real.device else real_host
         y = x[:, 1:] - logmel.dims.preemph * x[:, :-1]
         y = torch.where(torch.arange(y.shape[1], device=at)[None] < (real - 1)[:, None], y, 0.0)
         return logmel.frames(y).to(device, non_blocking=True)

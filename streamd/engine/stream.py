@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from streamd.audio.features import frames_ready
 from streamd.model.dims import ModelDims
 from streamd.model.encoder import PRE_ENCODE_CACHE
 
@@ -44,13 +45,8 @@ class ChunkGeometry:
         return 2 * self.half_window
 
     def frames_for(self, samples: int, ended: bool) -> int:
-        """Mel frames of a live stream once `samples` samples have arrived (all of them, if it
-        `ended`: the offline count, samples // hop; before, a frame needs its whole window)."""
-        if ended:
-            return samples // self.hop
-        if samples < self.half_window:
-            return 0
-        return min((samples - self.half_window) // self.hop + 1, samples // self.hop)
+        """Mel frames of a live stream once `samples` samples have arrived (`frames_ready`)."""
+        return frames_ready(samples, ended, self.hop, self.half_window)
 
     def segment_samples(self, frames: int) -> int:
         """Samples a step of `frames` new frames copies: their windows, one sample before
@@ -59,7 +55,7 @@ class ChunkGeometry:
 
     def samples_for(self, frames: int) -> int:
         """Samples of a live stream after which its first `frames` mel frames all exist (the
-        signal goes on: `IncrementalLogMel.frames_for`)."""
+        signal goes on): the inverse of `frames_for`."""
         return 0 if frames <= 0 else max((frames - 1) * self.hop + self.half_window, frames * self.hop)
 
     def frames_after(self, steps: int) -> int:

@@ -268,7 +268,8 @@ def test_a_steps_features_equal_the_incremental_reference() -> None:
             k = stream.next_frames()
             out = np.zeros(rec.geometry.segment_samples(k), np.float32)
             *_, real = stream.take(k, out)
-            frames = rec._frames(torch.from_numpy(out)[None], torch.tensor([real]), torch.device("cpu"))
+            real_t = torch.tensor([real])
+            frames = rec._frames(torch.from_numpy(out)[None], real_t, real_t, torch.device("cpu"))
             got.append(frames[0, :, :k])
 
     for piece in pieces:
