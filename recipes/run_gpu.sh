@@ -4,10 +4,16 @@
 #   bash recipes/run_gpu.sh train [BUDGET_MIN [MAX_STEPS]]   synthesise train + dev, train, save
 #   bash recipes/run_gpu.sh eval  [BUDGET_MIN]               synthesise eval sets, evaluate
 #
-# Carried in: .carry/tts/root.tar.xz, the text (.carry/text.tar.xz or .carry/text/*.txt), and
-# for train .carry/ckpt/{summary.json,last.pt.000,...} (absent on the first call), optionally
+# Carried in: .carry/tts/root.tar.xz and the text (.carry/text.tar.xz or .carry/text/*.txt) for
+# the classic engines (a train call without them trains on the other sets, and a warm machine
+# reuses what an earlier call synthesised), .carry/real.tar.xz (the real-speech corpus,
+# gpu_carry.sh real: its train split joins every call's training set REAL_REPEAT times, and its
+# dev split then picks the checkpoints) with .carry/sndlib.tar.xz (libsndfile, to decode it
+# without the engines), and for train .carry/ckpt/{summary.json,last.pt.000,...} (absent on the
+# first call), optionally
 # .carry/kokoro.tar.xz (Kokoro speech made on the CPU machine: recipes/synthetic/carried.py) and
-# .carry/pico.tar.xz (SVOX Pico, synthesised here: recipes/synthetic/pico.py), for eval
+# .carry/pico.tar.xz (SVOX Pico, synthesised here: recipes/synthetic/pico.py),
+# .carry/classic.tar.xz (the classic engines' speech made on the CPU machine), for eval
 # optionally .carry/kokoro-eval.tar.xz (the reserved Kokoro voices, made on the CPU machine), and
 # .carry/ckpt/default-model.pt (whole or .000 parts). Everything comes back in $OUT (at most 8
 # files of <= 16 MiB): run.log, summary.json, last.pt.000.. and, when the dev WER improved on the
@@ -15,8 +21,9 @@
 # BUDGET_MIN (default 9.2) is the wall clock this script may use; training gets what is left
 # after synthesis minus a margin. The same seeds every call: the data are the same every call.
 # Knobs (environment): N_TRAIN=40000 N_DEV=1000 N_EVAL=640 WORKERS=16 DEVICE=cuda TRAIN_ARGS=...
+# SYNTH_ENGINES=espeak-ng,espeak,flite (the engines to synthesise with; default: all carried)
 # N_PICO=4000 N_PICO_DEV=200 KOKORO_REPEAT=5 (each carried Kokoro training utterance appears that
-# many times in the training manifest; its dev set once).
+# many times in the training manifest; its dev set once) REAL_REPEAT=4.
 # INIT_FROM=MODEL.pt (start from a model's weights, e.g. streamd/assets/default-model.pt, when
 # there is no saved state). A warm machine keeps the state in $WORK/ckpt: a next call resumes
 # from it without carrying last.pt.
@@ -37,6 +44,7 @@ DEVICE=${DEVICE:-cuda}
 N_PICO=${N_PICO:-4000}
 N_PICO_DEV=${N_PICO_DEV:-200}
 KOKORO_REPEAT=${KOKORO_REPEAT:-5}
+REAL_REPEAT=${REAL_REPEAT:-4}
 CKPT=.carry/ckpt
 mkdir -p "$OUT" "$WORK"
 LOG=$OUT/run.log
@@ -44,12 +52,22 @@ LOG=$OUT/run.log
 log() { echo "[$(date +%H:%M:%S) +$(( $(date +%s) - T0 ))s] $*" | tee -a "$LOG"; }
 die() { log "FAILED: $*"; exit 1; }
 
-# -- unpack the carried engines and text ---------------------------------------------------------
-[ -f .carry/tts/root.tar.xz ] || die "no .carry/tts/root.tar.xz (carry it)"
-tar -xJf .carry/tts/root.tar.xz -C .carry/tts || die "unpacking the TTS engines"
-if [ -f .carry/text.tar.xz ]; then tar -xJf .carry/text.tar.xz -C .carry || die "unpacking the text"; fi
-for f in train dev eval; do [ -s .carry/text/$f.txt ] || die "no .carry/text/$f.txt"; done
+# -- unpack the carried engines, text and libraries ---------------------------------------------
+HAVE_TTS=0
+if [ -f .carry/tts/root.tar.xz ]; then
+    tar -xJf .carry/tts/root.tar.xz -C .carry/tts || die "unpacking the TTS engines"
+    if [ -f .carry/text.tar.xz ]; then tar -xJf .carry/text.tar.xz -C .carry || die "unpacking the text"; fi
+    for f in train dev eval; do [ -s .carry/text/$f.txt ] || die "no .carry/text/$f.txt"; done
+    HAVE_TTS=1
+fi
+[ $HAVE_TTS = 1 ] || [ "$MODE" = train ] || die "no .carry/tts/root.tar.xz (an eval call synthesises its sets: carry it)"
 if [ -f .carry/pico.tar.xz ]; then tar -xJf .carry/pico.tar.xz -C .carry || die "unpacking pico"; fi
+# libsndfile for decoding carried Opus: the engines' own, else the small carried bundle
+SNDLIB=$PWD/.carry/tts/root/usr/lib/x86_64-linux-gnu:$PWD/.carry/tts/root/lib/x86_64-linux-gnu
+if [ $HAVE_TTS = 0 ] && [ -f .carry/sndlib.tar.xz ]; then
+    tar -xJf .carry/sndlib.tar.xz -C .carry || die "unpacking sndlib"
+    SNDLIB=$PWD/.carry/sndlib
+fi
 log "mode $MODE, budget $BUDGET_MIN min; $(nproc) cores; $(python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())')"
 
 # synth NAME TEXT VOICES N SEED WORKERS  ->  $WORK/NAME/manifest.jsonl
@@ -62,7 +80,8 @@ synth() {
     fi
     rm -rf "${WORK:?}/$1" "$WORK/$1.args"
     python3 -m recipes.synthetic.synth --text ".carry/text/$2" --voices "$3" --n "$4" --seed "$5" \
-        --out "$WORK/$1" --engines-root .carry/tts/root --workers "$6" >"$WORK/$1.json" 2>"$WORK/$1.err"
+        --out "$WORK/$1" --engines-root .carry/tts/root --workers "$6" ${SYNTH_ENGINES:+--engines "$SYNTH_ENGINES"} \
+        >"$WORK/$1.json" 2>"$WORK/$1.err"
     local rc=$?
     log "synth $1 ($2, $3 voices, n=$4, seed $5): rc $rc $(cat "$WORK/$1.json" 2>/dev/null)"
     if [ $rc -eq 0 ]; then echo "$args" >"$WORK/$1.args"; else tail -5 "$WORK/$1.err" | tee -a "$LOG"; fi
@@ -85,15 +104,19 @@ pico() {
     return $rc
 }
 
-# unpack NAME: the carried .carry/NAME.tar.xz (Kokoro speech) decoded to WAV with the engines'
-# libsndfile -> $WORK/NAME/SET/manifest.jsonl (SET: train, dev; eval for kokoro-eval)
+# unpack NAME: the carried .carry/NAME.tar.xz (Kokoro or real speech) decoded to WAV with
+# libsndfile -> $WORK/NAME/SET/manifest.jsonl (SET: train, dev; eval for kokoro-eval; realdev).
+# Not carried this call: what an earlier call on this (warm) machine unpacked, if any.
 unpack() {
+    if [ ! -f ".carry/$1.tar.xz" ]; then
+        if [ -s "$WORK/$1.args" ]; then log "$1: not carried; reusing $WORK/$1 from an earlier call"; return 0; fi
+        return 1
+    fi
     local sum
     sum=$(sha256sum ".carry/$1.tar.xz" | cut -d' ' -f1)
     if [ "$(cat "$WORK/$1.args" 2>/dev/null)" = "$sum" ]; then log "$1: reusing $WORK/$1"; return 0; fi
     rm -rf "${WORK:?}/$1" "$WORK/$1.args"
-    LD_LIBRARY_PATH=$PWD/.carry/tts/root/usr/lib/x86_64-linux-gnu:$PWD/.carry/tts/root/lib/x86_64-linux-gnu \
-        python3 -m recipes.synthetic.carried unpack --pack ".carry/$1.tar.xz" --out "$WORK/$1" \
+    LD_LIBRARY_PATH=$SNDLIB python3 -m recipes.synthetic.carried unpack --pack ".carry/$1.tar.xz" --out "$WORK/$1" \
         --workers 4 >"$WORK/$1.json" 2>"$WORK/$1.err"
     local rc=$?
     log "$1 unpack: rc $rc $(cat "$WORK/$1.json" 2>/dev/null)"
@@ -102,10 +125,12 @@ unpack() {
 }
 
 if [ "$MODE" = train ]; then
-    synth train train.txt train "$N_TRAIN" 0 "$WORKERS" & p1=$!
-    synth dev dev.txt train "$N_DEV" 1 4 & p2=$!
-    TRAIN_SETS=("$WORK/train/manifest.jsonl")
-    DEV_SETS=("$WORK/dev/manifest.jsonl")
+    TRAIN_SETS=()
+    DEV_SETS=()
+    if [ $HAVE_TTS = 1 ]; then
+        synth train train.txt train "$N_TRAIN" 0 "$WORKERS" & p1=$!
+        synth dev dev.txt train "$N_DEV" 1 4 & p2=$!
+    fi
     if [ -d .carry/pico ]; then
         pico pico-train train.txt "$N_PICO" 20 4 & p3=$!
         pico pico-dev dev.txt "$N_PICO_DEV" 21 2 & p4=$!
@@ -117,16 +142,32 @@ if [ "$MODE" = train ]; then
             log "WARNING: training WITHOUT Pico (synthesis failed, see above)"
         fi
     fi
-    if [ -f .carry/kokoro.tar.xz ]; then
-        if unpack kokoro; then
-            [ -s "$WORK/kokoro/train/manifest.jsonl" ] && TRAIN_SETS+=("$WORK/kokoro/train/manifest.jsonl*$KOKORO_REPEAT")
-            [ -s "$WORK/kokoro/dev/manifest.jsonl" ] && DEV_SETS+=("$WORK/kokoro/dev/manifest.jsonl")
-        else
-            log "WARNING: training WITHOUT Kokoro (unpacking failed, see above)"
-        fi
+    if unpack kokoro; then
+        [ -s "$WORK/kokoro/train/manifest.jsonl" ] && TRAIN_SETS+=("$WORK/kokoro/train/manifest.jsonl*$KOKORO_REPEAT")
+        [ -s "$WORK/kokoro/dev/manifest.jsonl" ] && DEV_SETS+=("$WORK/kokoro/dev/manifest.jsonl")
+    else
+        log "training without Kokoro speech (none carried or unpacked)"
     fi
-    wait $p1 || die "train synthesis"
-    wait $p2 || die "dev synthesis"
+    # the classic engines' speech made on the CPU machine (gpu_carry.sh classic), when the engines
+    # themselves do not travel
+    if unpack classic; then TRAIN_SETS+=("$WORK/classic/train/manifest.jsonl"); fi
+    REAL_DEV=()
+    if unpack real; then
+        TRAIN_SETS+=("$WORK/real/train/manifest.jsonl*$REAL_REPEAT")
+        REAL_DEV=("$WORK/real/realdev/manifest.jsonl")
+    else
+        log "WARNING: training WITHOUT real speech (none carried or unpacked)"
+    fi
+    if [ $HAVE_TTS = 1 ]; then
+        wait $p1 || die "train synthesis"
+        wait $p2 || die "dev synthesis"
+    fi
+    # the classic engines' speech: this call's, or what an earlier call on this machine made
+    [ -s "$WORK/train/manifest.jsonl" ] && TRAIN_SETS+=("$WORK/train/manifest.jsonl")
+    [ -s "$WORK/dev/manifest.jsonl" ] && DEV_SETS+=("$WORK/dev/manifest.jsonl")
+    # Real speech's dev split picks the checkpoints when carried (the TTS dev sets then do not).
+    [ ${#REAL_DEV[@]} -gt 0 ] && DEV_SETS=("${REAL_DEV[@]}")
+    [ ${#TRAIN_SETS[@]} -gt 0 ] && [ ${#DEV_SETS[@]} -gt 0 ] || die "nothing to train or pick checkpoints on"
     python3 -m recipes.synthetic.carried merge --out "$WORK/train-all.jsonl" "${TRAIN_SETS[@]}" >/dev/null &&
         python3 -m recipes.synthetic.carried merge --out "$WORK/dev-all.jsonl" "${DEV_SETS[@]}" >/dev/null ||
         die "merging the manifests"

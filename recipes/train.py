@@ -62,7 +62,7 @@ from recipes.state import (
     unpack_optimizer,
     write_file_bytes,
 )
-from recipes.synthetic.augment import AugmentConfig, augment, valid_mask
+from recipes.synthetic.augment import AugmentConfig, augment, nonspeech, valid_mask
 from recipes.wer import wer
 from streamd.model.tokenizer import Tokenizer
 from streamd.model.checkpoint import load_model, save_streamd
@@ -125,6 +125,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--ctc-weight", type=float, default=0.5)
     a("--dropout", type=float, default=0.1)
     a("--dither", type=float, default=1e-5, help="white noise added to the waveform, as NeMo trains")
+    a("--nonspeech", type=float, default=0.05,
+      help="share of utterances replaced by non-speech (silence, noise, hum, tones) with an empty transcript")
     a("--no-augment", action="store_true", help="no waveform augmentation")
     a("--no-specaug", action="store_true")
     a("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -172,15 +174,29 @@ def pick_context(model: Transducer, seed: int, step: int) -> tuple[int, int]:
     return contexts[random.Random(seed * 1_000_003 + step).randrange(len(contexts))]
 
 
+def masked_sum(x: Tensor, lengths: Tensor) -> Tensor:
+    """Sum of (N, T) over each row's first `lengths` (N,) frames."""
+    return (x * valid_mask(lengths, x.shape[1])).sum()
+
+
 def compute_losses(model: Transducer, batch: Batch, context: tuple[int, int], gen: torch.Generator,
                    use_augment: bool = True, use_specaug: bool = True, bf16: bool = False,
-                   ctc_weight: float = 0.5, dither: float = 1e-5) -> tuple[Tensor, Tensor, Tensor]:
-    """(loss, rnnt, ctc) of a batch already on the model's device; rnnt and ctc are batch means."""
+                   ctc_weight: float = 0.5, dither: float = 1e-5, nonspeech_share: float = 0.0
+                   ) -> tuple[Tensor, Tensor, Tensor]:
+    """(loss, rnnt, ctc) of a batch already on the model's device; rnnt and ctc are batch means.
+
+    `nonspeech_share` of the rows (chosen by `gen`) become non-speech with an empty transcript,
+    after augmentation (whose babble noise would put speech into them)."""
     dev = model.device
     wav = batch.audio.float() / 32768.0
     lengths = batch.lengths
+    label_len = batch.label_lengths
     if use_augment:
         wav, lengths = augment(wav, lengths, gen, AugmentConfig())
+    if nonspeech_share > 0:
+        quiet = torch.rand(wav.shape[0], generator=gen, device=wav.device) < nonspeech_share
+        wav = nonspeech(wav, lengths, quiet, gen)
+        label_len = torch.where(quiet, torch.zeros_like(label_len), label_len)
     if dither > 0:  # NeMo's training-time dither: no exactly silent (constant log-floor) frames
         noise = torch.randn(wav.shape, generator=gen, device=wav.device) * dither
         wav = wav + noise * valid_mask(lengths, wav.shape[1])
@@ -190,17 +206,29 @@ def compute_losses(model: Transducer, batch: Batch, context: tuple[int, int], ge
     with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16 and dev.type == "cuda"):
         enc, enc_len = model.encoder(mel, mel_len, context)
     enc = enc.float()
-    labels, label_len = batch.labels, batch.label_lengths
-    blank = model.dims.blank_id
+    labels, blank, n = batch.labels, model.dims.blank_id, batch.labels.shape[0]
     f = model.joint.project_encoder(enc)
-    g = model.joint.project_predictor(model.decoder.teacher_forced(labels))
-    logits = model.joint.joint_after_projection(f[:, :, None], g[:, None])
-    rnnt = rnnt_loss(logits, labels, enc_len, label_len, blank, "mean")
+    g = model.joint.project_predictor(model.decoder.teacher_forced(labels))  # (B, U+1, H)
+    talk, quiet = (label_len > 0).nonzero().squeeze(1), (label_len == 0).nonzero().squeeze(1)
+    rnnt = f.new_zeros(())
+    if talk.numel():  # the fused loss over the rows with words, trimmed to their longest
+        t, u = int(enc_len[talk].max()), int(label_len[talk].max())
+        logits = model.joint.joint_after_projection(f[talk, :t, None], g[talk, None, : u + 1])
+        rnnt = rnnt + rnnt_loss(logits, labels[talk, :u], enc_len[talk], label_len[talk], blank, "sum")
+    if quiet.numel():  # an empty transcript: blank at every frame from the start state
+        start = model.joint.joint_after_projection(f[quiet, :, None], g[quiet, None, :1])[:, :, 0]
+        rnnt = rnnt - masked_sum(start.log_softmax(-1)[..., blank], enc_len[quiet])
+    rnnt = rnnt / n
     if model.ctc_decoder is None or ctc_weight == 0:
         return rnnt, rnnt, torch.zeros_like(rnnt)
     log_probs = model.ctc_decoder(enc)
-    ctc = F.ctc_loss(log_probs.transpose(0, 1), labels, enc_len, label_len, blank=blank,
-                     reduction="sum", zero_infinity=True) / labels.shape[0]
+    ctc = log_probs.new_zeros(())
+    if talk.numel():
+        ctc = ctc + F.ctc_loss(log_probs[talk].transpose(0, 1), labels[talk], enc_len[talk], label_len[talk],
+                               blank=blank, reduction="sum", zero_infinity=True)
+    if quiet.numel():
+        ctc = ctc - masked_sum(log_probs[quiet, :, blank], enc_len[quiet])
+    ctc = ctc / n
     return rnnt + ctc_weight * ctc, rnnt, ctc
 
 
@@ -387,7 +415,7 @@ def main(argv: list[str] | None = None) -> Progress:
         gen = step_generator(args.seed, step, device)
         ctx = pick_context(model, args.seed, step)
         loss, rnnt, ctc = compute_losses(model, batch, ctx, gen, not args.no_augment, not args.no_specaug,
-                                         args.bf16, args.ctc_weight, args.dither)
+                                         args.bf16, args.ctc_weight, args.dither, args.nonspeech)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)

@@ -2,7 +2,9 @@
 
 `augment(wav, lengths, generator)` applies, each to a random subset of the batch: speed
 perturbation, simulated room reverberation, additive white / pink / babble noise at a random SNR,
-telephone band-limiting and random gain. All randomness comes from `generator`, which must be on
+telephone band-limiting, G.711 mu-law coding and random gain. `nonspeech` replaces chosen rows
+with sounds that are not speech (silence, room noise, hum, tones, clicks, breaths), for training
+with empty transcripts. All randomness comes from `generator`, which must be on
 the batch's device; the same generator state gives the same output.
 """
 from __future__ import annotations
@@ -32,6 +34,7 @@ class AugmentConfig:
     babble_voices: int = 3
     telephone_prob: float = 0.1
     telephone_band: tuple[float, float] = (300.0, 4000.0)
+    mulaw_prob: float = 0.1
     gain_prob: float = 0.5
     gain_db_range: tuple[float, float] = (-20.0, 6.0)
 
@@ -49,6 +52,7 @@ def augment(wav: torch.Tensor, lengths: torch.Tensor, generator: torch.Generator
                   torch.randint(0, 3, (x.shape[0],), generator=g, device=x.device),
                   _chance(g, x, c.noise_prob), g, c.babble_voices)
     x = band_limit(x, lengths, _chance(g, x, c.telephone_prob), c.telephone_band, c.sample_rate)
+    x = mulaw_code(x, _chance(g, x, c.mulaw_prob))
     x = random_gain(x, _uniform(g, x, c.gain_db_range), _chance(g, x, c.gain_prob))
     return x.to(dtype), lengths
 
@@ -157,6 +161,58 @@ def band_limit(x: torch.Tensor, lengths: torch.Tensor, apply: torch.Tensor,
     out = x.clone()
     out[rows] = torch.fft.irfft(spec, x.shape[1]) * valid_mask(lengths[rows], x.shape[1])
     return out
+
+
+def mulaw_code(x: torch.Tensor, apply: torch.Tensor, mu: float = 255.0) -> torch.Tensor:
+    """Round the chosen utterances through 8-bit G.711-style mu-law companding (the telephone codec)."""
+    y = x.clamp(-1, 1)
+    q = torch.sign(y) * torch.log1p(mu * y.abs()) / math.log1p(mu)
+    q = torch.round(q * 127) / 127
+    coded = torch.sign(q) * ((1 + mu) ** q.abs() - 1) / mu
+    return torch.where(apply[:, None], coded, x)
+
+
+NONSPEECH_KINDS = ("silence", "white", "pink", "hum", "tone", "clicks", "breath")
+
+
+def nonspeech(x: torch.Tensor, lengths: torch.Tensor, apply: torch.Tensor, generator: torch.Generator,
+              sample_rate: int = 16000) -> torch.Tensor:
+    """Replace the chosen rows of (B, T) by non-speech of their length: digital silence, white or
+    pink room noise, mains hum (50/60 Hz and harmonics), a tone or beeps, clicks, or breath-like
+    noise bursts, each at a random level from -75 to -15 dBFS (silence: none)."""
+    rows = apply.nonzero().squeeze(1)
+    if rows.numel() == 0:
+        return x
+    out = x.clone()
+    out[rows] = _nonspeech_sounds(lengths[rows], x.shape[1], generator, sample_rate).to(x.dtype)
+    return out
+
+
+def _nonspeech_sounds(lengths: torch.Tensor, t: int, g: torch.Generator, sample_rate: int) -> torch.Tensor:
+    """(N, T) non-speech signals for utterances of `lengths` (N,); see `nonspeech`."""
+    b, dev = lengths.shape[0], lengths.device
+    kind = torch.randint(0, len(NONSPEECH_KINDS), (b,), generator=g, device=dev)
+    time = torch.arange(t, device=dev, dtype=torch.float32)[None] / sample_rate
+    phase = 2 * math.pi * torch.rand(b, 1, generator=g, device=dev)
+    white = torch.randn(b, t, generator=g, device=dev)
+    pink = pink_noise((b, t), g, dev)
+    mains = torch.where(torch.rand(b, 1, generator=g, device=dev) < 0.5, 50.0, 60.0)
+    hum = sum(torch.sin(2 * math.pi * mains * k * time + phase * k) / k for k in (1, 2, 3, 5))
+    freq = 100 * 40 ** torch.rand(b, 1, generator=g, device=dev)  # 100 Hz .. 4 kHz, log-uniform
+    beeping = torch.rand(b, 1, generator=g, device=dev) < 0.5
+    gate = torch.where(beeping, (torch.sin(2 * math.pi * 2 * time + phase) > 0).float(), 1.0)
+    tone = torch.sin(2 * math.pi * freq * time + phase) * gate
+    clicks = (torch.rand(b, t, generator=g, device=dev) < 4 / sample_rate) * torch.sign(white)
+    decay = torch.exp(-torch.arange(32.0, device=dev) / 4).flip(0)[None, None]
+    clicks = F.conv1d(clicks[:, None], decay, padding=31)[:, 0, :t]
+    envelope = torch.sin((math.pi * 0.4 * time + phase / 2) % math.pi) ** 2  # a breath every 2.5 s
+    breath = band_limit(white, lengths, torch.ones(b, dtype=torch.bool, device=dev), (500.0, 3000.0),
+                        sample_rate) * envelope
+    sounds = torch.stack([torch.zeros_like(white), white, pink, hum, tone, clicks, breath])  # (K, N, T)
+    sound = sounds[kind, torch.arange(b, device=dev)]
+    level = 10 ** (_uniform(g, white, (-75.0, -15.0)) / 20)
+    sound = sound / _rms(sound, lengths).clamp_min(1e-8)[:, None] * level[:, None]
+    return (sound * valid_mask(lengths, t)).clamp(-1, 1)
 
 
 def random_gain(x: torch.Tensor, gain_db: torch.Tensor, apply: torch.Tensor) -> torch.Tensor:

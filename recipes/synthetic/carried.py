@@ -4,6 +4,10 @@
         --held-apart .carry/text/dev.txt .carry/text/eval.txt .carry/kokoro/train .carry/kokoro/dev
     python -m recipes.synthetic.carried unpack --pack .carry/kokoro.tar.xz --out WORK/kokoro
     python -m recipes.synthetic.carried merge --out M.jsonl A/manifest.jsonl 'B/manifest.jsonl*3'
+    python -m recipes.synthetic.carried encode --src SYNTH_OUT --out .carry/classic/train
+
+encode: a set synthesised here (synth.py's WAVs) as Ogg/Opus in a set folder that pack takes, so
+that the classic engines' speech can travel without the engines.
 
 pack: the finished utterances of each set (a folder with manifest.jsonl, the set's name is the
 folder's), in manifest order until the size budget is spent; a `train` set loses every row
@@ -163,6 +167,25 @@ def merge(manifests: list[str], out: Path, seed: int = 0) -> int:
     return len(rows)
 
 
+def _encode(args: tuple[Path, Path]) -> None:
+    import soundfile as sf  # on this machine only: the GPU machine has no soundfile
+
+    src, dst = args
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    audio, rate = sf.read(src, dtype="float32")
+    sf.write(dst, audio, rate, format="OGG", subtype="OPUS", compression_level=0.96)
+
+
+def encode(src: Path, out: Path, workers: int) -> int:
+    """synth.py's SRC (manifest.jsonl + WAVs) -> OUT (manifest.jsonl + Ogg/Opus); rows kept."""
+    rows = read_rows(src / "manifest.jsonl")
+    moved = [{**r, "audio": str(Path(r["audio"]).with_suffix(".opus"))} for r in rows]
+    with multiprocessing.Pool(workers) as pool:
+        pool.map(_encode, [(src / r["audio"], out / m["audio"]) for r, m in zip(rows, moved)], chunksize=64)
+    (out / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in moved))
+    return len(moved)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -178,8 +201,14 @@ def main() -> None:
     m = sub.add_parser("merge")
     m.add_argument("manifests", nargs="+", help="PATH or PATH*N (its rows N times)")
     m.add_argument("--out", type=Path, required=True)
+    e = sub.add_parser("encode")
+    e.add_argument("--src", type=Path, required=True, help="synth.py's output folder")
+    e.add_argument("--out", type=Path, required=True)
+    e.add_argument("--workers", type=int, default=multiprocessing.cpu_count())
     args = ap.parse_args()
-    if args.cmd == "pack":
+    if args.cmd == "encode":
+        print(json.dumps({"utterances": encode(args.src, args.out, args.workers)}))
+    elif args.cmd == "pack":
         counts = pack(args.sets, args.out, int(args.max_mib * 2**20), args.held_apart)
         print(json.dumps({"utterances": counts, "bytes": args.out.stat().st_size}))
     elif args.cmd == "unpack":

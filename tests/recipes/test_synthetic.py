@@ -150,7 +150,7 @@ def _batch() -> tuple[torch.Tensor, torch.Tensor]:
 def test_augment_keeps_shape_dtype_and_is_seeded() -> None:
     x, lengths = _batch()
     on = augment.AugmentConfig(speed_prob=1, reverb_prob=1, noise_prob=1, telephone_prob=1,
-                               gain_prob=1)
+                               mulaw_prob=1, gain_prob=1)
     y1, l1 = augment.augment(x, lengths, torch.Generator().manual_seed(7), on)
     y2, l2 = augment.augment(x, lengths, torch.Generator().manual_seed(7), on)
     y3, _ = augment.augment(x, lengths, torch.Generator().manual_seed(8), on)
@@ -165,9 +165,33 @@ def test_augment_keeps_shape_dtype_and_is_seeded() -> None:
 def test_augment_off_is_identity() -> None:
     x, lengths = _batch()
     off = augment.AugmentConfig(speed_prob=0, reverb_prob=0, noise_prob=0, telephone_prob=0,
-                                gain_prob=0)
+                                mulaw_prob=0, gain_prob=0)
     y, l = augment.augment(x, lengths, torch.Generator().manual_seed(0), off)
     assert torch.equal(l, lengths) and torch.allclose(y, x)
+
+
+def test_mulaw_code_is_an_8_bit_telephone_codec() -> None:
+    x, lengths = _batch()
+    y = augment.mulaw_code(x, torch.tensor([True, True, False, True]))
+    assert torch.equal(y[2], x[2])
+    assert len(torch.unique(y[[0, 1, 3]])) <= 255  # 8-bit codes
+    err = (y[0] - x[0]).norm() / x[0].norm()
+    assert 0 < err < 0.05  # quantisation noise ~ -30 dB and more below speech level
+
+
+def test_nonspeech_replaces_only_the_chosen_rows_quietly() -> None:
+    x, lengths = _batch()
+    x = x.repeat(8, 1)
+    lengths = lengths.repeat(8)
+    chosen = torch.arange(32) % 3 != 0
+    y1 = augment.nonspeech(x, lengths, chosen, torch.Generator().manual_seed(3))
+    y2 = augment.nonspeech(x, lengths, chosen, torch.Generator().manual_seed(3))
+    assert torch.equal(y1, y2) and torch.equal(y1[~chosen], x[~chosen])
+    assert torch.isfinite(y1).all() and not (y1 * ~augment.valid_mask(lengths, 16000)).any()
+    rms = (y1[chosen] ** 2).sum(1).div(lengths[chosen]).sqrt()
+    assert (rms <= 10 ** (-15 / 20) * 1.01).all()  # at most -15 dBFS
+    assert (rms == 0).any() and (rms > 0).sum() > 10  # digital silence among other sounds
+    assert not torch.allclose(y1[chosen], x[chosen])
 
 
 def test_speed_perturb_moves_a_tone() -> None:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from recipes import evaluate, ship, state, train
+from recipes.synthetic import augment
 from recipes.data import Batch, DurationBatchSampler, SpeechDataset, collate, read_manifest
 from recipes.model_setup import (
     MAX_CHECKPOINT_BYTES,
@@ -196,6 +197,41 @@ def test_augmented_step_runs_on_every_context(corpus: Path, tmp_path: Path) -> N
     for step, ctx in enumerate(model.dims.att_context_sizes):
         loss, _, _ = train.compute_losses(model, batch, ctx, train.step_generator(0, step, torch.device("cpu")))
         assert torch.isfinite(loss)
+
+
+def test_empty_transcripts_score_the_all_blank_path(corpus: Path, tmp_path: Path) -> None:
+    """Rows turned into non-speech lose their words: their losses are those of an empty target
+    (the lattice's and CTC's own), the rows with words keep theirs, and gradients stay finite."""
+    model, batch = tiny_model_and_batch(corpus, tmp_path)
+    model.eval()  # no dropout: the same forward twice
+    gen = lambda: train.step_generator(0, 0, torch.device("cpu"))  # noqa: E731
+    _, rnnt, ctc = train.compute_losses(model, batch, (70, 13), gen(), use_augment=False, use_specaug=False,
+                                        dither=0.0, nonspeech_share=0.5)
+    # the same rows, chosen by the same generator draw, scored by the reference losses
+    quiet = torch.rand(batch.audio.shape[0], generator=gen()) < 0.5
+    assert 0 < int(quiet.sum()) < batch.audio.shape[0]
+    wav = augment.nonspeech(batch.audio.float() / 32768.0, batch.lengths, quiet, gen_after_rand(quiet))
+    mel, mel_len = model.preprocessor(wav, batch.lengths)
+    enc, enc_len = model.encoder(mel, mel_len, (70, 13))
+    label_len = torch.where(quiet, 0, batch.label_lengths)
+    f = model.joint.project_encoder(enc)
+    g = model.joint.project_predictor(model.decoder.teacher_forced(batch.labels))
+    logits = model.joint.joint_after_projection(f[:, :, None], g[:, None])
+    blank = model.dims.blank_id
+    want_rnnt = rnnt_loss_pytorch(logits, batch.labels, enc_len, label_len, blank, "mean")
+    want_ctc = torch.nn.functional.ctc_loss(model.ctc_decoder(enc).transpose(0, 1), batch.labels, enc_len,
+                                            label_len, blank=blank, reduction="sum") / len(quiet)
+    assert torch.allclose(rnnt, want_rnnt, rtol=1e-4) and torch.allclose(ctc, want_ctc, rtol=1e-4)
+    model.zero_grad()
+    (rnnt + ctc).backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def gen_after_rand(quiet: torch.Tensor) -> torch.Generator:
+    """The step generator as compute_losses has it after drawing which rows go quiet."""
+    g = train.step_generator(0, 0, torch.device("cpu"))
+    torch.rand(quiet.shape[0], generator=g)
+    return g
 
 
 def test_sampler_resumes_at_its_position() -> None:
