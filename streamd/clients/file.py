@@ -38,6 +38,12 @@ ATTEMPTS = 5
 # The client knows nothing of the model: a file outside the protocol's rates is sent at the rate
 # speech models take (the shipped one's), which loses nothing the daemon would keep.
 RESAMPLE_RATE = 16_000
+READ_BLOCK = 1 << 16  # frames converted at a time: a long float file is never held as floats whole
+
+
+def to_int16(samples: np.ndarray) -> np.ndarray:
+    """Float samples in -1..1 (a file's full scale) as int16, clipped."""
+    return np.clip(np.rint(samples * 32768), -32768, 32767).astype(np.int16)
 
 
 @dataclass(frozen=True)
@@ -65,10 +71,14 @@ class Options:
 
 
 def load_audio(path: str) -> Audio:
-    """Read a file as 16-bit PCM in a format the protocol accepts."""
-    data, rate = sf.read(path, dtype="int16", always_2d=True)
-    if data.shape[1] > MAX_CHANNELS:
-        data = data.mean(axis=1, keepdims=True).round().astype(np.int16)
+    """Read a file as 16-bit PCM in a format the protocol accepts. Samples are read as floats and
+    scaled here: libsndfile does not scale float files read as integers (they would be silence)."""
+    with sf.SoundFile(path) as f:
+        rate, mix = f.samplerate, f.channels > MAX_CHANNELS
+        parts = [np.zeros((0, 1 if mix else f.channels), np.int16)]
+        parts += [to_int16(b.mean(axis=1, keepdims=True) if mix else b)
+                  for b in f.blocks(READ_BLOCK, dtype="float32", always_2d=True)]
+    data = np.concatenate(parts)
     if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
         data, rate = soxr.resample(data, rate, RESAMPLE_RATE), RESAMPLE_RATE
     return Audio(np.ascontiguousarray(data).tobytes(), rate, data.shape[1])

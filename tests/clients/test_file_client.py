@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -103,6 +104,30 @@ def test_rates_and_channels_outside_the_protocol_are_converted(tmp_path: Path) -
     audio = load_audio(str(wide))
     assert (audio.rate, audio.channels) == (16000, 1)
     assert audio.duration == pytest.approx(0.1)
+
+
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="needs espeak-ng")
+def test_int_and_float_files_of_any_width_give_the_same_words(tmp_path: Path) -> None:
+    """Float WAVs were read as silence (libsndfile does not scale floats read as integers)."""
+    sentence = "please call me back in ten minutes"
+    subprocess.run(["espeak-ng", "-v", "en-us", "-w", str(tmp_path / "e.wav"), sentence], check=True)
+    audio, rate = sf.read(str(tmp_path / "e.wav"), dtype="float32")  # floats: written scaled in every format
+    subtypes = ("PCM_16", "PCM_24", "PCM_U8", "FLOAT", "DOUBLE")
+    paths = [str(tmp_path / f"{st}.wav") for st in subtypes]
+    for st, path in zip(subtypes, paths):
+        sf.write(path, audio, rate, subtype=st)
+    pcm = {st: np.frombuffer(load_audio(path).pcm, np.int16) for st, path in zip(subtypes, paths)}
+    for st in ("PCM_24", "FLOAT", "DOUBLE"):  # 16-bit values in them: the same samples exactly
+        assert np.array_equal(pcm[st], pcm["PCM_16"]), st
+    assert np.abs(pcm["PCM_U8"].astype(int) - pcm["PCM_16"]).max() <= 256  # one 8-bit step
+
+    async def main() -> list[Transcript]:
+        async with running(config(model=None)) as (_, url):
+            got: list[Transcript] = []
+            await transcribe_files(paths, Options(url, jobs=len(paths)), got.append)
+            return got
+
+    assert [t.text for t in asyncio.run(main())] == [sentence] * len(paths)
 
 
 @pytest.mark.parametrize("realtime", [True, False])
