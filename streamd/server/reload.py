@@ -15,13 +15,13 @@ from streamd.config import Config
 
 log = logging.getLogger("streamd.server")
 
-LIVE_SECTIONS = ("endpointing",)
+LIVE_SECTIONS = ("endpointing", "gate")
 LIVE = frozenset({
     "server.max_backlog_s", "server.backlog_policy", "server.idle_timeout_s", "server.max_session_s",
     "server.drain_timeout_s", "server.send_timeout_s", "server.token_file", "server.allowed_origins",
     "log.level",
 })
-SECTIONS = ("server", "engine", "endpointing", "admin", "log")
+SECTIONS = ("server", "engine", "endpointing", "gate", "admin", "log")
 
 
 def is_live(setting: str) -> bool:
