@@ -48,15 +48,17 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def _run_serve(args: argparse.Namespace) -> int:
     import asyncio
+    import signal
 
     from streamd import log as logsetup
     from streamd.config import load_config
     from streamd.server.app import App, build_state
     from streamd.server.metrics import Metrics
 
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a reload while starting is ignored, never fatal
     cfg = load_config(args)
     logsetup.configure(cfg.log.level, cfg.log.format)
-    app = App(build_state(cfg, Metrics()))
+    app = App(build_state(cfg, Metrics()), reread=lambda: load_config(args))
     asyncio.run(app.serve())
     return 0
 

@@ -196,6 +196,25 @@ class EndpointingConfig:
 
 
 @dataclass(frozen=True)
+class GateConfig:
+    """The speech gate: words only where the audio may hold speech (``streamd.audio.activity``).
+
+    A 20 ms frame may hold speech when its level in the speech band is at least ``min_dbfs`` and at
+    least ``rise_db`` above the quietest frame of the 1.5 s before it; a word counts only within a
+    second of such a frame.
+    """
+
+    mode: str = "on"
+    min_dbfs: float = -70.0
+    rise_db: float = 9.0
+
+    def __post_init__(self) -> None:
+        _require(self.mode in ("on", "off"), "gate.mode", "must be on or off", self.mode)
+        _require(-200 <= self.min_dbfs <= 0, "gate.min_dbfs", "must be in -200..0", self.min_dbfs)
+        _require(0 <= self.rise_db <= 60, "gate.rise_db", "must be in 0..60", self.rise_db)
+
+
+@dataclass(frozen=True)
 class AdminConfig:
     """Admin control plane: a unix socket (None = off) and optional token-protected TCP."""
 
@@ -230,13 +249,14 @@ class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     endpointing: EndpointingConfig = field(default_factory=EndpointingConfig)
+    gate: GateConfig = field(default_factory=GateConfig)
     admin: AdminConfig = field(default_factory=AdminConfig)
     log: LogConfig = field(default_factory=LogConfig)
     config_file: Path | None = None
 
 
 _SECTIONS: dict[str, type[Any]] = {
-    "server": ServerConfig, "engine": EngineConfig, "endpointing": EndpointingConfig,
+    "server": ServerConfig, "engine": EngineConfig, "endpointing": EndpointingConfig, "gate": GateConfig,
     "admin": AdminConfig, "log": LogConfig,
 }
 _MISSING = object()
@@ -304,8 +324,8 @@ class Setting:
 
     @property
     def name(self) -> str:
-        """Flag and environment name: the key, prefixed with the section for admin and log."""
-        return f"{self.section}_{self.key}" if self.section in ("admin", "log") else self.key
+        """Flag and environment name: the key, prefixed with the section for gate, admin and log."""
+        return f"{self.section}_{self.key}" if self.section in ("gate", "admin", "log") else self.key
 
     @property
     def metavar(self) -> str:
@@ -373,6 +393,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("endpointing", "silence_without_speech_ms", _to_int,
             "discard an utterance with no speech after this much silence (0 = off)"),
     Setting("endpointing", "max_utterance_ms", _to_int, "cut an utterance at this length (0 = off)"),
+    Setting("gate", "mode", _to_str,
+            "on: words only where the audio may hold speech (silence, steady noise and tones give none); off"),
+    Setting("gate", "min_dbfs", _to_float,
+            "audio quieter than this (dB below full scale, 250-3500 Hz) never counts as speech"),
+    Setting("gate", "rise_db", _to_float,
+            "speech rises at least this many dB above the quietest audio of the 1.5 s before it"),
     Setting("admin", "socket", _to_path, "admin unix socket ('' = off)",
             "$RUNTIME_DIRECTORY/admin.sock, $XDG_RUNTIME_DIR/streamd/admin.sock or "
             "/run/streamd/admin.sock"),

@@ -68,7 +68,7 @@ class Daemon:
         """Start it and wait until it serves (model loaded, warmed up, capacity measured)."""
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "streamd", "serve", "--config", "", "--model", str(TINY), "--device", "cpu",
-            "--port", str(self.port), "--admin-socket", str(self.admin), *self.extra,
+            "--port", str(self.port), "--admin-socket", str(self.admin), "--gate-mode", "off", *self.extra,
             cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"},
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
         serving: asyncio.Future[None] = asyncio.get_running_loop().create_future()

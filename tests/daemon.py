@@ -13,19 +13,21 @@ import numpy as np
 import websockets
 
 from conftest import FIXTURES
-from streamd.config import AdminConfig, Config, EngineConfig, ServerConfig
+from streamd.config import AdminConfig, Config, EngineConfig, GateConfig, ServerConfig
 from streamd.server.app import App, build_state
 from streamd.server.metrics import Metrics
 
 TINY = FIXTURES / "tiny_streaming_fastconformer_rnnt.nemo"
 
 
-def config(model: Path | None = TINY, admin: AdminConfig | None = None, **server: Any) -> Config:
-    """A test daemon on port 0, CPU; `model=None` serves the shipped default model."""
+def config(model: Path | None = TINY, admin: AdminConfig | None = None, gate: str = "off", **server: Any) -> Config:
+    """A test daemon on port 0, CPU; `model=None` serves the shipped default model. The speech gate
+    is off: tests compare the daemon's tokens with the recognizer's, on fixtures of tones and noise
+    (tests/server/test_speech_gate.py tests the gate)."""
     base = dict(port=0, max_streams=64, idle_timeout_s=10.0, resume_grace_s=1.0)
     base.update(server)
     return Config(server=ServerConfig(**base), engine=EngineConfig(model=model, device="cpu"),
-                  admin=admin or AdminConfig(socket=None))
+                  gate=GateConfig(mode=gate), admin=admin or AdminConfig(socket=None))
 
 
 @contextlib.asynccontextmanager

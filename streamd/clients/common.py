@@ -101,6 +101,19 @@ class Backoff:
         return delay * random.uniform(1 - self.jitter, 1 + self.jitter)
 
 
+def refused(exc: BaseException) -> bool:
+    """Nothing listens at the address (every address of the name refused the connection)."""
+    return isinstance(exc, ConnectionRefusedError) or (
+        isinstance(exc, OSError) and exc.errno is None and "Connect call failed" in str(exc))
+
+
+def explain(url: str, exc: BaseException) -> str:
+    """One line on why a stream to `url` failed, with a hint when no daemon listens there."""
+    if refused(exc):
+        return f"{url}: connection refused: is `streamd serve` running there?"
+    return f"{url}: {str(exc) or type(exc).__name__}"
+
+
 def retry_delay(exc: BaseException, backoff: Backoff) -> float | None:
     """Seconds to wait before reconnecting after ``exc``, or None when retrying cannot help."""
     if isinstance(exc, ServerBusy):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,10 +28,10 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from streamd.clients.common import DEFAULT_URL, Backoff, read_token, retry_delay
+from streamd.clients.common import DEFAULT_URL, Backoff, explain, read_token, refused, retry_delay
 from streamd.clients.output import EXTENSIONS, Transcript, render
 from streamd.clients.progress import Progress
-from streamd.clients.resume import ResumingStream
+from streamd.clients.resume import RECONNECT_ATTEMPTS, ResumingStream
 from streamd.protocol import MAX_CHANNELS, MAX_SAMPLE_RATE, MIN_SAMPLE_RATE, Final, Start
 
 CHUNK_S = 0.1
@@ -38,6 +39,12 @@ ATTEMPTS = 5
 # The client knows nothing of the model: a file outside the protocol's rates is sent at the rate
 # speech models take (the shipped one's), which loses nothing the daemon would keep.
 RESAMPLE_RATE = 16_000
+READ_BLOCK = 1 << 16  # frames converted at a time: a long float file is never held as floats whole
+
+
+def to_int16(samples: np.ndarray) -> np.ndarray:
+    """Float samples in -1..1 (a file's full scale) as int16, clipped."""
+    return np.clip(np.rint(samples * 32768), -32768, 32767).astype(np.int16)
 
 
 @dataclass(frozen=True)
@@ -55,20 +62,27 @@ class Audio:
 
 @dataclass(frozen=True)
 class Options:
-    """How to stream: the daemon, real-time pacing, files at once, the CA for wss://, the token."""
+    """How to stream: the daemon, real-time pacing, files at once, the CA for wss://, the token;
+    `on_status` hears of reconnections and retries; `reconnect_attempts`: a dropped stream's."""
 
     url: str = DEFAULT_URL
     realtime: bool = False
     jobs: int = 4
     cafile: str | None = None
     token: str | None = None
+    on_status: Callable[[str], None] = lambda message: None
+    reconnect_attempts: int = RECONNECT_ATTEMPTS
 
 
 def load_audio(path: str) -> Audio:
-    """Read a file as 16-bit PCM in a format the protocol accepts."""
-    data, rate = sf.read(path, dtype="int16", always_2d=True)
-    if data.shape[1] > MAX_CHANNELS:
-        data = data.mean(axis=1, keepdims=True).round().astype(np.int16)
+    """Read a file as 16-bit PCM in a format the protocol accepts. Samples are read as floats and
+    scaled here: libsndfile does not scale float files read as integers (they would be silence)."""
+    with sf.SoundFile(path) as f:
+        rate, mix = f.samplerate, f.channels > MAX_CHANNELS
+        parts = [np.zeros((0, 1 if mix else f.channels), np.int16)]
+        parts += [to_int16(b.mean(axis=1, keepdims=True) if mix else b)
+                  for b in f.blocks(READ_BLOCK, dtype="float32", always_2d=True)]
+    data = np.concatenate(parts)
     if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
         data, rate = soxr.resample(data, rate, RESAMPLE_RATE), RESAMPLE_RATE
     return Audio(np.ascontiguousarray(data).tobytes(), rate, data.shape[1])
@@ -88,15 +102,19 @@ async def _send(session: ResumingStream, audio: Audio, realtime: bool, sent: Cal
     await session.stop()
 
 
-async def _stream(audio: Audio, options: Options, sent: Callable[[float], None]) -> list[Final]:
+async def _stream(audio: Audio, options: Options, sent: Callable[[float], None], finals: list[Final],
+                  status: Callable[[str], None]) -> None:
+    """Stream `audio`, adding its finals to `finals` as they come (kept if it fails later)."""
     start = Start(sample_rate=audio.rate, encoding="s16le", channels=audio.channels,
                   interim_results=False, word_times=True)
-    async with ResumingStream(options.url, start, options.cafile, token=options.token) as session:
+    async with ResumingStream(options.url, start, options.cafile, token=options.token, on_status=status,
+                              attempts=options.reconnect_attempts) as session:
         sender = asyncio.create_task(_send(session, audio, options.realtime, sent))
         try:
-            finals = [r async for r in session.results() if isinstance(r, Final)]
+            async for r in session.results():
+                if isinstance(r, Final):
+                    finals.append(r)
             await sender
-            return finals
         finally:
             sender.cancel()
             await asyncio.gather(sender, return_exceptions=True)
@@ -110,15 +128,26 @@ async def transcribe_file(path: str, options: Options,
     except (OSError, sf.LibsndfileError, ValueError) as e:
         return Transcript(path, 0.0, error=str(e))
     backoff = Backoff()
+    best: list[Final] = []  # the finals of the attempt that got furthest
     attempt = 1
+
+    def status(message: str) -> None:
+        options.on_status(f"{path}: {message}")
+
     while True:
         sent(0.0)
+        finals: list[Final] = []
         try:
-            return Transcript(path, audio.duration, await _stream(audio, options, sent))
+            await _stream(audio, options, sent, finals, status)
+            return Transcript(path, audio.duration, finals)
         except Exception as e:
-            delay = retry_delay(e, backoff)
+            best = max(best, finals, key=len)
+            # Nothing listens there: say so now (a daemon that went away mid-stream was already
+            # waited for by the reconnections).
+            delay = None if refused(e) else retry_delay(e, backoff)
             if delay is None or attempt == ATTEMPTS:
-                return Transcript(path, audio.duration, error=f"{options.url}: {str(e) or type(e).__name__}")
+                return Transcript(path, audio.duration, best, error=explain(options.url, e))
+            status(f"{explain(options.url, e)}; sending the file again in {delay:.1f} s")
         attempt += 1
         await asyncio.sleep(delay)
 
@@ -141,6 +170,12 @@ async def transcribe_files(paths: Sequence[str], options: Options, emit: Callabl
     progress = Progress(durations, progress_out or sys.stderr, enabled=progress_out is not None)
     slots = asyncio.Semaphore(options.jobs)
 
+    def status(message: str) -> None:
+        progress.clear()
+        options.on_status(message)
+
+    options = dataclasses.replace(options, on_status=status)
+
     async def one(i: int) -> Transcript:
         async with slots:
             t = await transcribe_file(paths[i], options, lambda seconds: progress.update(i, seconds))
@@ -159,8 +194,10 @@ async def transcribe_files(paths: Sequence[str], options: Options, emit: Callabl
 def _writer(fmt: str, output_dir: str | None, named: bool) -> Callable[[Transcript], None]:
     def emit(t: Transcript) -> None:
         if t.error is not None and fmt != "jsonl":
-            print(f"streamd transcribe: {t.file}: {t.error}", file=sys.stderr)
-            return
+            kept = f" (the {len(t.finals)} utterances before it are kept)" if t.finals else ""
+            print(f"streamd transcribe: {t.file}: {t.error}{kept}", file=sys.stderr)
+            if not t.finals:
+                return
         text = render(t, fmt, named)
         if output_dir is None:
             sys.stdout.write(text)
@@ -176,7 +213,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--format {args.format} with several files needs --output-dir")
     if args.output_dir is not None:
         Path(args.output_dir).mkdir(parents=True, exist_ok=True)
-    options = Options(args.url, args.realtime, args.jobs, args.cafile, read_token(args.token_file))
+    options = Options(args.url, args.realtime, args.jobs, args.cafile, read_token(args.token_file),
+                      on_status=lambda message: print(f"streamd transcribe: {message}", file=sys.stderr))
     emit = _writer(args.format, args.output_dir, named=len(args.files) > 1)
     progress_out = sys.stderr if not args.no_progress and sys.stderr.isatty() else None
     results = asyncio.run(transcribe_files(args.files, options, emit, progress_out))

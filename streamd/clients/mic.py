@@ -24,7 +24,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from streamd.clients.common import Backoff, LiveDisplay, StreamError, read_token, retry_delay
+from streamd.clients.common import Backoff, LiveDisplay, StreamError, explain, read_token, retry_delay
 from streamd.clients.resume import ResumingStream
 from streamd.protocol import MAX_SAMPLE_RATE, MIN_SAMPLE_RATE, Final, Start, Summary
 
@@ -161,7 +161,7 @@ async def listen(url: str, mic: Microphone, display: LiveDisplay, stop: asyncio.
             delay = retry_delay(e, backoff)
             if delay is None:
                 raise
-            display.status(f"{url}: {str(e) or type(e).__name__}; reconnecting in {delay:.1f} s")
+            display.status(f"{explain(url, e)}; trying again in {delay:.1f} s (Ctrl-C to stop)")
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), delay)
         if stop.is_set():

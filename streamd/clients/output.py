@@ -23,7 +23,8 @@ MIN_CUE_S = 0.08  # one encoder frame: a cue never ends before it starts
 
 @dataclass(frozen=True)
 class Transcript:
-    """What a file produced: its finals, or the error that stopped it."""
+    """What a file produced: its finals, and the error that stopped it if one did (the finals
+    are then those received before it)."""
 
     file: str
     duration: float
@@ -94,12 +95,13 @@ def vtt(finals: Sequence[Final]) -> str:
 
 
 def jsonl(t: Transcript) -> str:
-    """One JSON object: file, text, duration, utterances (or file and error)."""
-    if t.error is not None:
+    """One JSON object: file, text, duration, utterances; and error if the file failed (text and
+    utterances are then what came before it)."""
+    if t.error is not None and not t.finals:
         return json.dumps({"file": t.file, "error": t.error}, ensure_ascii=False) + "\n"
     utterances = [{"text": f.text, "start": f.start, "end": f.end, "reason": f.reason} for f in t.finals if f.text]
-    return json.dumps({"file": t.file, "text": t.text, "duration": round(t.duration, 3),
-                       "utterances": utterances}, ensure_ascii=False) + "\n"
+    line = {"file": t.file, "text": t.text, "duration": round(t.duration, 3), "utterances": utterances}
+    return json.dumps(line if t.error is None else {**line, "error": t.error}, ensure_ascii=False) + "\n"
 
 
 def render(t: Transcript, fmt: str, named: bool) -> str:

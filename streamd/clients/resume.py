@@ -34,7 +34,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
-from streamd.clients.common import Backoff, ConnectionLost, StreamError, handshake, retry_delay, stream_url
+from streamd.clients.common import (Backoff, ConnectionLost, StreamError, explain, handshake, retry_delay,
+                                     stream_url)
 from streamd.errors import ProtocolViolation
 from streamd.protocol import (Error, Final, Finalize, Partial, Ready, Resume, Resumed, Start, Stop, Summary,
                                      Word, encode_client_message, parse_server_message)
@@ -335,7 +336,7 @@ class ResumingStream:
         delay = retry_delay(exc, backoff)
         if delay is None or (self.attempts is not None and failures > self.attempts):
             raise exc
-        self._on_status(f"{self.url}: {str(exc) or type(exc).__name__}; reconnecting in {delay:.1f} s")
+        self._on_status(f"{explain(self.url, exc)}; reconnecting in {delay:.1f} s")
         await asyncio.sleep(delay)
 
     async def _open(self, start: Start, url: str | None = None) -> tuple[ClientConnection, Ready | Resumed]:

@@ -1,5 +1,5 @@
 """The daemon's lifecycle: load and warm the model, serve websockets plus health and metrics on
-one port, drain on SIGTERM/SIGINT."""
+one port, re-read the configuration on SIGHUP, drain on SIGTERM/SIGINT."""
 from __future__ import annotations
 
 import asyncio
@@ -8,6 +8,7 @@ import logging
 import signal
 import sys
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -15,6 +16,7 @@ from websockets.asyncio.server import Server, ServerConnection
 
 from streamd import systemd
 from streamd.config import Config
+from streamd.errors import StreamdError
 from streamd.decoding.graphs import EAGER, make_decoder
 from streamd.engine.encoder_step import GRAPHS, make_encoder_step
 from streamd.engine.migration import placed_copy
@@ -30,6 +32,7 @@ from streamd.server.frontends import FrontEnds
 from streamd.server.handler import ServerState
 from streamd.server.heap import freeze_startup_heap
 from streamd.server.metrics import Metrics
+from streamd.server.reload import describe, merge, set_log_level
 from streamd.server.resume import Sessions
 
 log = logging.getLogger("streamd.server")
@@ -104,10 +107,12 @@ async def measure_capacity(state: ServerState) -> None:
 
 class App:
     """The daemon: engine, admin socket, and the stream port (served here, or by
-    `server.workers` front-end processes)."""
+    `server.workers` front-end processes). `reread` loads the configuration again (on SIGHUP)."""
 
-    def __init__(self, state: ServerState) -> None:
+    def __init__(self, state: ServerState, reread: Callable[[], Config] | None = None) -> None:
         self.state = state
+        self.reread = reread
+        self.notifier = systemd.Notifier()
         self.control = Control(state)
         self.front = Front(state)
         self.fronts: FrontEnds | None = None  # with `server.workers`
@@ -120,12 +125,8 @@ class App:
         """Run until SIGTERM/SIGINT (or `state.shutdown` is set); `started` receives the port."""
         cfg = self.state.config.server
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                loop.add_signal_handler(sig, self.state.shutdown.set)
-            except (RuntimeError, ValueError):  # not the main thread (tests)
-                pass
-        notifier = systemd.Notifier()
+        _on_signals(loop, (signal.SIGTERM, signal.SIGINT), self.state.shutdown.set)
+        notifier = self.notifier
         # The engine thread re-takes the GIL after every torch call; while the event loop runs
         # Python, each re-take waits up to this interval (CPython's default, 5 ms, made a busy
         # daemon's steps many times slower).
@@ -148,6 +149,7 @@ class App:
                          "wss" if cfg.tls_cert else "ws", cfg.host, port, STREAM_PATH, self.state.device,
                          self.state.dtype, f", {cfg.workers} front-end processes" if cfg.workers else "")
                 notifier.ready(f"serving on port {port}")
+                _on_signals(loop, (signal.SIGHUP,), self.reload)  # until now ignored (cli.py)
                 if started is not None:
                     started.set_result(port)
                 watchdog = asyncio.create_task(_watchdog(notifier))
@@ -164,6 +166,38 @@ class App:
                 await self.fronts.kill()
             await admin.stop()
             await self.state.engine.stop()
+
+    def reload(self) -> None:
+        """SIGHUP: re-read the configuration; apply what can change live (streamd.server.reload),
+        log what needs a restart. A configuration that fails to load changes nothing."""
+        if self.reread is None:
+            log.warning("SIGHUP: this daemon was not started from a configuration; nothing to reload")
+            return
+        self.notifier.reloading("reloading the configuration")
+        old = self.state.config
+        try:
+            new = self.reread()
+            config, live, restart = merge(old, new)
+            self.front.configure(config)  # re-reads the token file, which may fail
+        except (StreamdError, ValueError, OSError) as e:
+            log.error("reload failed, the running configuration is kept: %s", e)
+        else:
+            self.state.config = config
+            set_log_level(config.log.level)
+            if self.fronts is not None:
+                self.fronts.configure(config)
+            log.info("configuration reloaded%s", f": {describe(old, new, live)}" if live else ", nothing changed live")
+            if restart:
+                log.warning("these settings need a restart to change: %s", describe(old, new, restart))
+        self.notifier.ready(f"serving {self.state.streams()} streams")
+
+
+def _on_signals(loop: asyncio.AbstractEventLoop, signals: tuple[int, ...], act: Callable[[], None]) -> None:
+    for sig in signals:
+        try:
+            loop.add_signal_handler(sig, act)
+        except (RuntimeError, ValueError):  # not the main thread (tests)
+            pass
 
 
 async def _watchdog(notifier: systemd.Notifier) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.http11 import Request, Response
 
+from streamd.config import Config
 from streamd.protocol import REALTIME_PATH, STREAM_PATH
 from streamd.server.access import Access
 from streamd.server.handler import Connection, StreamContext
@@ -45,11 +46,16 @@ class Front:
         quiet_client_handshake_faults()
         self.state = state
         self.metrics_text = metrics_text
-        cfg = state.config.server
-        token = read_token(cfg.token_file, "stream token file") if cfg.token_file else None
-        self.access = Access(token, cfg.allowed_origins)
+        self.configure(state.config)
         self.ready = False
         self.connections: set[ServerConnection] = set()  # stream connections whose handler runs
+
+    def configure(self, config: Config) -> None:
+        """Take `config` (at start and on a reload): the token file is read again."""
+        cfg = config.server
+        token = read_token(cfg.token_file, "stream token file") if cfg.token_file else None
+        self.access = Access(token, cfg.allowed_origins)
+        self.state.config = config
 
     async def process_request(self, conn: ServerConnection, request: Request) -> Response | None:
         """HTTP routes on the websocket port; None lets a stream handshake proceed."""

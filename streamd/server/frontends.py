@@ -15,7 +15,7 @@ Messages are lists of tuples; worker -> engine:
 engine -> worker:
   ("opened", sid, error or None) ("result", sid, tokens, times, frame_start, frame_end)
   ("failed", sid, message) ("done", sid) ("metrics_text", request, bytes) ("handoff",) ("shutdown",)
-  ("status", EngineStatus, draining, (admitted streams, capacity estimate))
+  ("status", EngineStatus, draining, (admitted streams, capacity estimate)) ("config", Config)
 """
 from __future__ import annotations
 
@@ -260,6 +260,11 @@ class FrontEnds:
         msg = self._status()
         for b in self.bridges:
             b.post([msg])
+
+    def configure(self, config: Config) -> None:
+        """A reloaded configuration reaches every front end (and the ones started later)."""
+        for b in self.bridges:
+            b.post([("config", config)])
 
     async def stop(self) -> None:
         """Shut the front ends down: each drains its streams (drain_timeout_s), then exits."""

@@ -139,7 +139,7 @@ class Connection:
     def __init__(self, ws: ServerConnection, state: StreamContext) -> None:
         self.ws, self.state = ws, state
         self.session = StreamSession(state.geometry, state.tokenizer, state.config.endpointing,
-                                     state.metrics.count_endpoint)
+                                     state.metrics.count_endpoint, state.config.gate)
         self.id = session_id_of(ws)
         # Resume (streamd.server.resume): native streams record what they send once `start` is
         # taken; a dropped connection parks the stream for a client that resumes it.

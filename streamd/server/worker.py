@@ -15,10 +15,12 @@ import os
 import queue
 import signal
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
 from streamd import log as logsetup
+from streamd.config import Config
 from streamd.engine.stream import ChunkGeometry
 from streamd.model.tokenizer import Tokenizer
 from streamd.engine.recognizer import CapacityError, ChunkResult
@@ -29,6 +31,7 @@ from streamd.server.frontends import Message, WorkerSpec, listening_socket
 from streamd.server.heap import freeze_startup_heap
 from streamd.server.handler import Census, StreamContext
 from streamd.server.metrics import Metrics
+from streamd.server.reload import set_log_level
 from streamd.server.resume import Sessions
 
 log = logging.getLogger("streamd.server")
@@ -45,6 +48,7 @@ def run(spec: WorkerSpec) -> None:
     logsetup.configure(spec.log_level, spec.log_format)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the main process decides
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the main process reloads and sends the result
     asyncio.run(_serve(spec))
 
 
@@ -55,6 +59,16 @@ async def _serve(spec: WorkerSpec) -> None:
                           sessions=Sessions(spec.config.server.resume_grace_s))
     engine.start(state)
     front = Front(state, metrics_text=engine.metrics_text)
+
+    def reconfigure(config: Config) -> None:
+        try:
+            front.configure(config)
+        except (ValueError, OSError) as e:  # the main process read the same files a moment ago
+            log.error("front end: reload failed, the running configuration is kept: %s", e)
+        else:
+            set_log_level(config.log.level)
+
+    engine.on_config = reconfigure
     sock = listening_socket(spec.config.server.host, spec.port)
     async with front.listen(sock):
         front.ready = True
@@ -115,6 +129,7 @@ class RemoteEngine:
         self.channel = channel
         self._status = status
         self._state: StreamContext | None = None
+        self.on_config: Callable[[Config], None] | None = None  # a reloaded configuration arrived
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sessions: dict[int, EngineSession] = {}
         self._opening: dict[int, asyncio.Future[str | None]] = {}
@@ -257,6 +272,8 @@ class RemoteEngine:
             elif kind == "shutdown":
                 assert self._state is not None
                 self._state.shutdown.set()
+            elif kind == "config" and self.on_config is not None:
+                self.on_config(m[1])
 
     def _opened(self, sid: int, error: str | None) -> None:
         reply = self._opening.pop(sid, None)

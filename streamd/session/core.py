@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from typing import Literal, cast
 
 from streamd import protocol as p
+from streamd.audio.activity import Activity
 from streamd.audio.pcm import PcmDecoder, Samples
-from streamd.config import EndpointingConfig
+from streamd.config import EndpointingConfig, GateConfig
 from streamd.engine.recognizer import ChunkResult
 from streamd.engine.stream import ChunkGeometry
 from streamd.model.tokenizer import Tokenizer
@@ -27,6 +28,10 @@ from streamd.session.utterances import Utterance, UtteranceTracker
 # Why a segment ended: its open utterance's final says so; `clear` (a realtime face) drops its results.
 SegmentEnd = Literal["finalize", "end_of_stream", "clear"]
 Result = p.Partial | p.Final
+# The speech gate keeps a word whose encoder frame lies this close to audio that may hold speech:
+# a word comes out up to about a second after its audio, or before it by up to the lookahead.
+GATE_BEFORE_S = 1.0
+GATE_AFTER_S = 1.2
 
 
 @dataclass(eq=False)
@@ -74,10 +79,12 @@ class StreamSession:
         tokenizer: token ids to text, pieces and words.
         endpointing: the server's endpoint rules, which ``start`` may override.
         on_endpoint: hears the rule of every endpoint (the metric).
+        gate: the speech gate (``streamd.audio.activity``): tokens far from audio that may hold
+            speech are dropped, as if the model had not emitted them. None: off.
     """
 
     def __init__(self, geometry: ChunkGeometry, tokenizer: Tokenizer, endpointing: EndpointingConfig,
-                 on_endpoint: Callable[[EndpointRule], None] | None = None) -> None:
+                 on_endpoint: Callable[[EndpointRule], None] | None = None, gate: GateConfig | None = None) -> None:
         self.proto = p.SessionProtocol()
         self.tokenizer, self.on_endpoint = tokenizer, on_endpoint
         self.rate, self.frame_s, self.frame_ms = geometry.sample_rate, geometry.frame_seconds, geometry.frame_ms
@@ -93,6 +100,8 @@ class StreamSession:
         self._commands: list[Command] = []
         self._tracker: tuple[Segment, UtteranceTracker] | None = None  # of the segment whose results come in
         self._next_utterance = 0  # the first utterance index of the next segment
+        self.activity = (Activity(self.rate, gate.min_dbfs, gate.rise_db)
+                         if gate is not None and gate.mode == "on" else None)
 
     @property
     def received_s(self) -> float:
@@ -169,6 +178,8 @@ class StreamSession:
     def _push(self, samples: Samples) -> None:
         assert self.segment is not None
         self.samples_in += samples.size
+        if self.activity is not None:
+            self.activity.push(samples)
         self._commands.append(Push(self.segment, samples))
 
     # -- the engine's side -----------------------------------------------------------------------
@@ -178,7 +189,21 @@ class StreamSession:
         tracker = self._tracking(segment)
         segment.frame_end = result.frame_end
         self.decoded_s = segment.offset_s + result.frame_end * self.frame_s
+        result = self._gated(segment, result)
         return [m for u in tracker.on_chunk(result) if (m := self._message(u, segment)) is not None]
+
+    def _gated(self, segment: Segment, result: ChunkResult) -> ChunkResult:
+        """`result` without the tokens the speech gate drops."""
+        if self.activity is None:
+            return result
+        activity = self.activity
+        keep = [i for i, t in enumerate(result.times)
+                if activity.active(self._seconds(segment, t) - GATE_BEFORE_S, self._seconds(segment, t + 1) + GATE_AFTER_S)]
+        activity.forget(self.decoded_s - GATE_BEFORE_S)
+        if len(keep) == len(result.tokens):
+            return result
+        return ChunkResult([result.tokens[i] for i in keep], [result.times[i] for i in keep],
+                           result.frame_start, result.frame_end)
 
     def segment_flushed(self, segment: Segment) -> list[Result]:
         """All of `segment`'s results are in: the final of its open utterance. There is always

@@ -2,7 +2,7 @@
 
 Decoding is continuous across utterances (the decoder state is never reset), so the tokens of
 all utterances of a stream, concatenated, are exactly what `streamd decode --streaming` gives
-for the same audio. Endpointing only decides where one utterance ends and the next begins.
+for the same audio (less what the speech gate drops, `StreamSession`). Endpointing only decides where one utterance ends and the next begins.
 """
 from __future__ import annotations
 

@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
+import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -17,8 +20,9 @@ import soxr
 from client_support import PushRecorder, speech
 from conftest import FIXTURES, REPO
 from daemon import TINY, config, running, stream_pcm
+from streamd.config import EndpointingConfig
 from streamd.clients.file import Options, load_audio, transcribe_file, transcribe_files
-from streamd.clients.output import Transcript
+from streamd.clients.output import Transcript, render
 
 WAVS = sorted(FIXTURES.glob("in*.wav"))
 
@@ -103,6 +107,30 @@ def test_rates_and_channels_outside_the_protocol_are_converted(tmp_path: Path) -
     audio = load_audio(str(wide))
     assert (audio.rate, audio.channels) == (16000, 1)
     assert audio.duration == pytest.approx(0.1)
+
+
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="needs espeak-ng")
+def test_int_and_float_files_of_any_width_give_the_same_words(tmp_path: Path) -> None:
+    """Float WAVs were read as silence (libsndfile does not scale floats read as integers)."""
+    sentence = "please call me back in ten minutes"
+    subprocess.run(["espeak-ng", "-v", "en-us", "-w", str(tmp_path / "e.wav"), sentence], check=True)
+    audio, rate = sf.read(str(tmp_path / "e.wav"), dtype="float32")  # floats: written scaled in every format
+    subtypes = ("PCM_16", "PCM_24", "PCM_U8", "FLOAT", "DOUBLE")
+    paths = [str(tmp_path / f"{st}.wav") for st in subtypes]
+    for st, path in zip(subtypes, paths):
+        sf.write(path, audio, rate, subtype=st)
+    pcm = {st: np.frombuffer(load_audio(path).pcm, np.int16) for st, path in zip(subtypes, paths)}
+    for st in ("PCM_24", "FLOAT", "DOUBLE"):  # 16-bit values in them: the same samples exactly
+        assert np.array_equal(pcm[st], pcm["PCM_16"]), st
+    assert np.abs(pcm["PCM_U8"].astype(int) - pcm["PCM_16"]).max() <= 256  # one 8-bit step
+
+    async def main() -> list[Transcript]:
+        async with running(config(model=None)) as (_, url):
+            got: list[Transcript] = []
+            await transcribe_files(paths, Options(url, jobs=len(paths)), got.append)
+            return got
+
+    assert [t.text for t in asyncio.run(main())] == [sentence] * len(paths)
 
 
 @pytest.mark.parametrize("realtime", [True, False])
@@ -192,3 +220,42 @@ def test_a_file_that_cannot_be_read_is_reported_and_the_others_still_transcribed
         assert lines[1]["file"] == str(WAVS[2]) and lines[1]["text"]
 
     asyncio.run(main())
+
+
+def test_no_daemon_is_said_at_once_with_a_hint(tmp_path: Path) -> None:
+    path = tmp_path / "speech.wav"
+    sf.write(path, speech(pad_s=0.0), 16000, subtype="PCM_16")
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"ws://127.0.0.1:{s.getsockname()[1]}"
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "streamd", "transcribe", "--url", url, str(path)],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert time.monotonic() - began < 5  # was 8 s of silent retries
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr == f"streamd transcribe: {path}: {url}: connection refused: is `streamd serve` running there?\n"
+
+
+def test_a_daemon_that_goes_away_mid_file_is_reported_and_the_finals_received_are_kept(tmp_path: Path) -> None:
+    path = tmp_path / "long.wav"
+    sf.write(path, np.concatenate([speech(pad_s=0.5)] * 3), 16000, subtype="PCM_16")
+    status: list[str] = []
+
+    async def main() -> Transcript:
+        cfg = dataclasses.replace(config(), endpointing=EndpointingConfig(max_utterance_ms=1000))
+        options = Options(realtime=True, on_status=status.append, reconnect_attempts=1)
+        async with running(cfg) as (_, url):
+            options = dataclasses.replace(options, url=url)
+            progress = asyncio.Event()
+            task = asyncio.create_task(transcribe_file(str(path), options,
+                                                       lambda s: progress.set() if s >= 3.0 else None))
+            await asyncio.wait_for(progress.wait(), 30)
+        return await asyncio.wait_for(task, 60)
+
+    t = asyncio.run(main())
+    assert t.error is not None and "is `streamd serve` running" in t.error
+    assert len(t.finals) >= 2 and t.text  # the utterances of the first 3 s
+    assert any("the daemon shut down" in m for m in status), status  # not silent meanwhile
+    assert all(m.startswith(f"{path}: ") for m in status)
+    line = json.loads(render(t, "jsonl", named=False))
+    assert line["error"] == t.error and line["text"] == t.text

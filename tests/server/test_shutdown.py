@@ -80,7 +80,7 @@ async def daemon() -> AsyncIterator[Daemon]:
     """Start `python -m streamd serve` on a free port; kill it if the test leaves it running."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "streamd", "serve", "--config", "", "--model", str(TINY), "--device", "cpu",
-        "--port", "0", "--admin-socket", "", "--drain-timeout-s", str(DRAIN_TIMEOUT_S),
+        "--port", "0", "--admin-socket", "", "--drain-timeout-s", str(DRAIN_TIMEOUT_S), "--gate-mode", "off",
         cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"},
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
     d = Daemon(proc)
