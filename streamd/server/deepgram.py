@@ -49,7 +49,7 @@ CHANNEL_INDEX = [0, 1]  # channel 0 of 1: streamd transcribes mono
 # Accepted and honoured, or with no effect on what a stream returns (see docs/protocol.md).
 _ACCEPTED = ("encoding", "sample_rate", "channels", "multichannel", "interim_results", "endpointing",
              "utterance_end_ms", "vad_events", "model", "language", "version", "mip_opt_out", "tag", "extra",
-             "token")
+             "no_delay", "token")
 # Formatting and analysis features: `false` is what streamd does; `true` is reported, not done.
 _FEATURES = ("punctuate", "smart_format", "profanity_filter", "numerals", "dictation", "diarize", "filler_words",
              "detect_entities", "measures", "paragraphs", "utterances", "detect_language", "sentiment", "topics",
