@@ -176,8 +176,16 @@ async def run_stream(face: Face, clip: load.Audio, silence_s: float, seconds: fl
 
 async def run_streams(spec: dict[str, Any], n: int, offsets: list[float]) -> list[dict[str, Any]]:
     face = Face(spec["face"], spec["mode"], spec["url"], spec["clip"].rate, spec["endpoint_ms"])
-    return await asyncio.gather(*(run_stream(face, spec["clip"], spec["silence_s"], spec["seconds"],
-                                             spec["send_s"], spec["start_at"] + o) for o in offsets[:n]))
+
+    async def bounded(offset: float) -> dict[str, Any]:  # a stalled stream is reported, not waited for
+        limit = spec["start_at"] + offset - time.time() + spec["seconds"] + 60
+        try:
+            return await asyncio.wait_for(run_stream(face, spec["clip"], spec["silence_s"], spec["seconds"],
+                                                     spec["send_s"], spec["start_at"] + offset), limit)
+        except TimeoutError:
+            return {"latency": [], "missed": 0, "late_max": 0.0, "error": "stalled: no end within 60 s"}
+
+    return await asyncio.gather(*(bounded(o) for o in offsets[:n]))
 
 
 def _worker(spec: dict[str, Any], offsets: list[float]) -> list[dict[str, Any]]:
