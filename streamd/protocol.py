@@ -27,6 +27,7 @@ from streamd.errors import ProtocolViolation, StreamdError, UnsupportedAudio, ec
 PROTOCOL_VERSION = "1"
 STREAM_PATH = "/v1/stream"
 REALTIME_PATH = "/v1/realtime"  # the OpenAI Realtime face (``streamd.server.realtime``)
+LISTEN_PATH = "/v1/listen"  # the Deepgram live face (``streamd.server.deepgram``)
 _MAX_CLOSE_REASON_BYTES = 123
 
 # Audio formats ``start`` may declare; the server resamples and mixes to what the model takes.

@@ -6,8 +6,9 @@ Checked on the stream path before the websocket handshake (`App.process_request`
   the request's `Host`) and the origins in `server.allowed_origins` are let in, `*` lets in any;
   others get HTTP 403. This stops cross-site websocket hijacking: a page elsewhere cannot open a
   stream with the visitor's network position.
-- With `server.token_file` set, the request must carry the token: `Authorization: Bearer TOKEN`,
-  or `?token=TOKEN` in the URL for browsers (they cannot set headers on a websocket); else HTTP 401.
+- With `server.token_file` set, the request must carry the token: `Authorization: Bearer TOKEN`
+  (or `Token TOKEN`, as Deepgram's clients send it), or `?token=TOKEN` in the URL for browsers
+  (they cannot set headers on a websocket); else HTTP 401.
 """
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ class Access:
         assert self._token is not None
         offered = []
         scheme, _, credentials = headers.get("Authorization", "").strip().partition(" ")
-        if scheme.lower() == "bearer":
+        if scheme.lower() in ("bearer", "token"):
             offered.append(credentials.strip())
         offered += parse_qs(urlsplit(path).query).get("token", [])
         return any(hmac.compare_digest(t.encode(), self._token) for t in offered)

@@ -18,8 +18,9 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.http11 import Request, Response
 
 from streamd.config import Config
-from streamd.protocol import REALTIME_PATH, STREAM_PATH
+from streamd.protocol import LISTEN_PATH, REALTIME_PATH, STREAM_PATH
 from streamd.server.access import Access
+from streamd.server.deepgram import ListenConnection, listen_refusal
 from streamd.server.handler import Connection, StreamContext
 from streamd.server.http import GuardedConnection, quiet_client_handshake_faults, response, without_body
 from streamd.server.metrics import CONTENT_TYPE
@@ -36,6 +37,10 @@ RECEIVE_QUEUE = 4
 STATIC_FILES = {"/": ("index.html", "text/html; charset=utf-8"),
                 "/app.js": ("app.js", "text/javascript; charset=utf-8"),
                 "/capture-worklet.js": ("capture-worklet.js", "text/javascript; charset=utf-8")}
+
+# The stream faces: the native protocol, OpenAI Realtime and Deepgram live, by path.
+FACES: dict[str, type[Connection]] = {STREAM_PATH: Connection, REALTIME_PATH: RealtimeConnection,
+                                      LISTEN_PATH: ListenConnection}
 
 
 class Front:
@@ -80,12 +85,15 @@ class Front:
         if path in STATIC_FILES:
             name, kind = STATIC_FILES[path]
             return response(HTTPStatus.OK, (STATIC / name).read_bytes(), kind)
-        if path not in (STREAM_PATH, REALTIME_PATH):
+        if path not in FACES:
             return response(HTTPStatus.NOT_FOUND, b"not found\n")
         if refusal := self.access.check(request.path, request.headers):
             self.state.metrics.rejections.labels(reason=refusal.reason).inc()
             extra = {"WWW-Authenticate": 'Bearer realm="streamd"'} if refusal.status == HTTPStatus.UNAUTHORIZED else None
             return response(refusal.status, refusal.message.encode(), extra=extra)
+        if path == LISTEN_PATH and (bad := listen_refusal(request.path)) is not None:
+            self.state.metrics.rejections.labels(reason="bad_request").inc()
+            return bad
         if not self.accepting:
             self.state.metrics.rejections.labels(reason="draining").inc()
             return response(HTTPStatus.SERVICE_UNAVAILABLE, b"draining\n", extra={"Retry-After": "5"})
@@ -139,8 +147,8 @@ class Front:
         self.state.metrics.connections.inc()
         self.state.metrics.streams_active.inc()
         try:
-            realtime = ws.request is not None and ws.request.path.split("?", 1)[0] == REALTIME_PATH
-            await (RealtimeConnection if realtime else Connection)(ws, self.state).run()
+            path = ws.request.path.split("?", 1)[0] if ws.request is not None else STREAM_PATH
+            await FACES.get(path, Connection)(ws, self.state).run()
         finally:
             if task in self.state.live:  # not when the connection carried a resume (handler.Connection._carry)
                 self.state.live.discard(task)

@@ -214,6 +214,18 @@ class StreamSession:
         message = self._message(closed, segment)
         return [] if message is None else [message]
 
+    def open_words(self) -> tuple[p.Word, ...]:
+        """The words of the open utterance as its latest partial says them, with stream times
+        (for a face whose partials carry words; the native ``partial`` does not)."""
+        if self._tracker is None:
+            return ()
+        segment, tracker = self._tracker
+        return self._words(segment, tracker.tokens, tracker.times)
+
+    def _words(self, segment: Segment, tokens: list[int], times: list[int]) -> tuple[p.Word, ...]:
+        return tuple(p.Word(w, round(self._seconds(segment, a), 3), round(self._seconds(segment, b + 1), 3))
+                     for w, a, b in self.tokenizer.words(tokens, times))
+
     def _tracking(self, segment: Segment) -> UtteranceTracker:
         if self._tracker is None or self._tracker[0] is not segment:
             self._tracker = segment, UtteranceTracker(self.rules, self.frame_ms, self._next_utterance,
@@ -232,8 +244,7 @@ class StreamSession:
             self.utterances = u.index + 1
             words = tokens = None
             if self.start.word_times:
-                words = tuple(p.Word(w, round(self._seconds(segment, a), 3), round(self._seconds(segment, b + 1), 3))
-                              for w, a, b in self.tokenizer.words(u.tokens, u.times))
+                words = self._words(segment, u.tokens, u.times)
                 tokens = tuple(self.tokenizer.id_to_piece(t) for t in u.tokens)
             return p.Final(u.index, text, start, end, processed, cast(p.FinalReason, u.reason), words, tokens)
         if not self.start.interim_results or self._last_partial == (u.index, text):
