@@ -10,6 +10,10 @@ file is pushed, the stream ended, and `rec.step` runs on all ready streams until
 over the whole utterance under the same attention mask, then the same greedy search. Scoring:
 lowercase, a-z and apostrophes only, WER = word edit distance / reference words.
 Writes OUT/eval.md (tables) and OUT/eval.json.
+
+`--nonspeech N` also streams N seeded non-speech clips of 2-10 s (`augment.nonspeech`: silence,
+room noise, hum, tones, clicks, breaths, -75 to -15 dBFS) through the model alone (no speech
+gate) and reports how many of them come out with any word, per kind.
 """
 from __future__ import annotations
 
@@ -106,6 +110,32 @@ def evaluate_sets(model: Transducer, tokenizer: Any, sets: dict[str, list[Uttera
     return results
 
 
+def nonspeech_clips(n: int, seed: int = 0) -> tuple[list[np.ndarray], list[str]]:
+    """n non-speech clips of 2-10 s and their kinds (augment.nonspeech, seeded)."""
+    from recipes.synthetic.augment import NONSPEECH_KINDS, _nonspeech_sounds
+
+    g = torch.Generator().manual_seed(seed)
+    lengths = (16000 * (2 + 8 * torch.rand(n, generator=g))).long()
+    kinds_g = torch.Generator().manual_seed(seed)  # _nonspeech_sounds draws its kinds first
+    kinds = torch.randint(0, len(NONSPEECH_KINDS), (n,), generator=kinds_g)
+    sounds = _nonspeech_sounds(lengths, int(lengths.max()), torch.Generator().manual_seed(seed), 16000)
+    return ([sounds[i, : int(lengths[i])].numpy() for i in range(n)],
+            [NONSPEECH_KINDS[int(k)] for k in kinds])
+
+
+def nonspeech_report(model: Transducer, tokenizer: Any, n: int, right_context: int, batch: int) -> dict[str, Any]:
+    """How many of n non-speech clips give any word, streaming at `right_context`."""
+    audios, kinds = nonspeech_clips(n)
+    hyps = [tokenizer.decode(t) for t in stream_transcribe(model, audios, right_context, batch)]
+    per: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for kind, h in zip(kinds, hyps):
+        per[kind][0] += bool(normalize(h))
+        per[kind][1] += 1
+    return {"clips": n, "with_words": sum(v[0] for v in per.values()), "right_context": right_context,
+            "per_kind": {k: {"with_words": v[0], "clips": v[1]} for k, v in sorted(per.items())},
+            "examples": [h for h in hyps if normalize(h)][:10]}
+
+
 def markdown(results: dict[str, Any], contexts: Sequence[int]) -> str:
     cols = [f"R{r}" for r in contexts]
     lines = ["## WER (%) by lookahead R (encoder frames of 80 ms)", "",
@@ -135,6 +165,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--batch", type=int, default=256, help="concurrent streams / offline batch")
     ap.add_argument("--limit", type=int, help="first N utterances of each manifest")
     ap.add_argument("--no-offline", action="store_true")
+    ap.add_argument("--nonspeech", type=int, default=0, help="also N non-speech clips: how many give words")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     loaded = load_streamd_any(args.model)
@@ -149,6 +180,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                             log=lambda s: print(s, flush=True))
     args.out.mkdir(parents=True, exist_ok=True)
     md = f"# {loaded.name}\n\n" + markdown(results, contexts)
+    if args.nonspeech:
+        ns = nonspeech_report(model, loaded.tokenizer, args.nonspeech, contexts[0], args.batch)
+        results["nonspeech"] = ns
+        md += (f"\n## Non-speech (no gate, R={ns['right_context']}): {ns['with_words']} of {ns['clips']} clips "
+               "gave words\n\n| kind | clips with words |\n|---|---|\n"
+               + "".join(f"| {k} | {v['with_words']} / {v['clips']} |\n" for k, v in ns["per_kind"].items()))
     (args.out / "eval.md").write_text(md)
     (args.out / "eval.json").write_text(json.dumps({"model": loaded.name, "results": results}, indent=1))
     print(md)

@@ -358,3 +358,10 @@ def test_ship_stores_fp16_weights_that_load_as_the_same_model(corpus: Path, tmp_
         if v.is_floating_point():
             assert stored[k].dtype == torch.float16
             assert torch.equal(got.model.state_dict()[k], v.half().float())  # loaded back as fp32
+
+
+def test_nonspeech_clips_are_labelled_by_kind() -> None:
+    audios, kinds = evaluate.nonspeech_clips(40)
+    assert "silence" in kinds and len(set(kinds)) >= 5
+    assert all(bool((a == 0).all()) == (k == "silence") for a, k in zip(audios, kinds))
+    assert all(2 * 16000 <= len(a) <= 10 * 16000 for a in audios)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -21,7 +22,7 @@ SENTENCES = [
     "we will meet at the train station tomorrow morning",
     "open the door and turn on the light",
 ]
-MAX_WER = 10.0  # percent; the shipped step-4701 model gets 0.0 on these (step 4103: 6.9)
+MAX_WER = 10.0  # percent; the shipped step-1947 and step-4701 models get 0.0 on these (step 4103: 6.9)
 
 pytestmark = pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="needs espeak-ng (.ci/run installs it)")
 
@@ -49,3 +50,26 @@ def test_shipped_model_transcribes_espeak_speech_through_the_daemon(tmp_path: Pa
     score = wer(zip(SENTENCES, hyps))
     print("\n".join(f"{r!r} -> {h!r}" for r, h in zip(SENTENCES, hyps)), f"WER {score:.1f}%")
     assert score <= MAX_WER, list(zip(SENTENCES, hyps))
+
+
+# Ten clips of real people from the real-speech corpus's dev split (never trained on): CMU AN4
+# test speakers, Common Voice and LibriSpeech test-other (tests/fixtures/real-speech/README.md).
+REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real-speech"
+MAX_REAL_WER = 55.0  # percent; step 1947 gets 46.3 on these, the synthetic-only step 4701 68.3
+
+
+def test_shipped_model_transcribes_real_people_through_the_daemon() -> None:
+    rows = [json.loads(line) for line in (REAL / "manifest.jsonl").read_text().splitlines()]
+    audio = [np.asarray(sf.read(str(REAL / r["audio"]), dtype="int16")[0], dtype="<i2").tobytes() for r in rows]
+
+    async def main() -> list[str]:
+        async with running(config(model=None)) as (_, url):
+            start = {"type": "start", "sample_rate": 16000, "encoding": "s16le"}
+            rng = np.random.default_rng(0)
+            transcripts = await asyncio.gather(*(stream_pcm(url, pcm, rng, start) for pcm in audio))
+        return [" ".join(f["text"] for f in t.of("final")) for t in transcripts]
+
+    hyps = asyncio.run(main())
+    score = wer(zip((r["text"] for r in rows), hyps))
+    print("\n".join(f"{r['text']!r} -> {h!r}" for r, h in zip(rows, hyps)), f"WER {score:.1f}%")
+    assert score <= MAX_REAL_WER, list(zip((r["text"] for r in rows), hyps))
