@@ -31,6 +31,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from streamd.cuda_capture import DEVICE_LOCK
+
 MIN_DRIVER = 12060  # CUDA 12.6
 
 _SOURCE = r"""
@@ -222,7 +224,8 @@ class WhileLoopGraph:
         if self._exec is None and self._graph is None:
             return
         driver, _ = _bindings()
-        torch.cuda.synchronize(self.device)
+        with DEVICE_LOCK:  # not while another thread captures
+            torch.cuda.synchronize(self.device)
         if self._exec is not None:
             driver.cuGraphExecDestroy(self._exec)
         if self._graph is not None:

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from streamd import cuda_capture
 from streamd.buckets import bucket_size, check_per_octave
 from streamd.graph_keys import Storages, placement_changes
 from streamd.decoding.greedy import DEFAULT_MAX_SYMBOLS, BatchedHyps, GreedyLabelLooping, LoopState
@@ -93,8 +94,7 @@ class CudaGraphBackend:
             graphs = {}
             for name, fn in steps.items():
                 g = torch.cuda.CUDAGraph(keep_graph=True)
-                with torch.cuda.graph(g, pool=pool, stream=stream, capture_error_mode="thread_local"):
-                    fn()
+                cuda_capture.capture(g, fn, device, pool, stream)  # a failure ends the pool's recording
                 graphs[name] = g
         return graphs
 
@@ -117,8 +117,7 @@ class CudaGraphBackend:
 
     def release(self, device: torch.device) -> None:
         """Give the dropped graphs' pool and buffers back to the driver."""
-        torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()
+        cuda_capture.synchronize_and_free(device)
 
 
 class SharedPoolBackend(CudaGraphBackend):
@@ -280,8 +279,29 @@ class GraphGreedyLabelLooping:
         key = self.current_key()
         why = key.changes_from(self._cap.key if self._cap is not None else None)
         if why and key != self._failed:
-            self._rebuild(key, why)
+            with cuda_capture.DEVICE_LOCK:  # no other thread's synchronize or capture meanwhile
+                self._rebuild(key, why)
         return self._cap
+
+    def prepare(self) -> bool:
+        """Capture now what the next call would (a migration captures its target's graphs this
+        way, off the engine thread, before the cut-over); True if graphs are ready."""
+        device = self.joint.pred.weight.device
+        if self.requested == EAGER or not self.backend.supports(device):
+            return False
+        with _exact(device):
+            return self._graphs_for(self.max_batch, 0) is not None
+
+    @property
+    def eager_reason(self) -> str:
+        """Why the last call decoded eagerly ('' when it replayed graphs)."""
+        if self._mode != EAGER:
+            return ""
+        if self.requested == EAGER:
+            return "CUDA graphs are off"
+        if not self.backend.supports(self.joint.pred.weight.device):
+            return f"no CUDA graphs on {self.joint.pred.weight.device.type}"
+        return self.fallback_reason or ""
 
     def _rebuild(self, key: GraphKey, why: str) -> None:
         self._drop()
@@ -446,6 +466,25 @@ class BucketedGraphDecoder:
     @property
     def fallback_reason(self) -> str | None:
         return self._last.fallback_reason if self._last is not None else None
+
+    @property
+    def eager_reason(self) -> str:
+        """Why the last call decoded eagerly ('' when it replayed graphs)."""
+        return self._last.eager_reason if self._last is not None else "no call yet"
+
+    def captured(self) -> list[int]:
+        """The bucket sizes whose graphs are captured."""
+        return [size for size, d in sorted(self._buckets.items()) if d.key is not None]
+
+    def prepare(self, sizes: list[int]) -> list[int]:
+        """Capture now, largest first, the graphs of the buckets calls of `sizes` rows would use
+        (see `GraphGreedyLabelLooping.prepare`); returns the bucket sizes with graphs."""
+        for size in sorted({bucket_size(max(1, b), self.per_octave) for b in sizes}, reverse=True):
+            d = self._buckets.get(size)
+            if d is None:
+                d = self._buckets[size] = self._make(max_batch=size)
+            d.prepare()
+        return self.captured()
 
     def initial_state(self, batch: int) -> DecoderState:
         return self._one.initial_state(batch)

@@ -44,6 +44,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from streamd import cuda_capture
 from streamd.buckets import DEFAULT_PER_OCTAVE, bucket_size, check_per_octave
 from streamd.graph_keys import Storages, placement_changes
 from streamd.model.encoder import DROP_EXTRA_PRE_ENCODED, ConformerEncoder, EncoderCache
@@ -92,9 +93,9 @@ class EncoderGraphBackend:
             return torch.cuda.graph_pool_handle()
 
     def capture(self, device: torch.device, fn: Callable[[], None], pool: Any) -> Any:
-        """Warm `fn` up on a side stream of `device`, then capture it into a graph in `pool`.
-        Whatever fails, the caller's current stream is current again afterwards (a capture that
-        fails inside `torch.cuda.graph` can leave the side stream current)."""
+        """Warm `fn` up on a side stream of `device`, then capture it into a graph in `pool`
+        (`cuda_capture.capture`: no other thread's synchronize meanwhile; a failure ends the
+        pool's recording). Whatever fails, the caller's current stream is current again."""
         with torch.cuda.device(device):
             caller = torch.cuda.current_stream(device)
             stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
@@ -105,16 +106,14 @@ class EncoderGraphBackend:
                         fn()
                 caller.wait_stream(stream)
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
-                    fn()
+                cuda_capture.capture(graph, fn, device, pool, stream)
             finally:
                 torch.cuda.set_stream(caller)
         return graph
 
     def release(self, device: torch.device) -> None:
         """Give dropped graphs' pool and buffers back to the driver."""
-        torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()
+        cuda_capture.synchronize_and_free(device)
 
 
 @dataclass
@@ -211,8 +210,9 @@ class EncoderStep:
         self._static: _Static | None = None
         self._pool: Any = None
         self._buckets: dict[int, _Bucket] = {}
-        self._failed: set[int] = set()  # bucket sizes whose capture failed under `_key`
+        self._failed: dict[int, str] = {}  # bucket size -> why its capture failed under `_key`
         self._mode = EAGER
+        self._why_eager = "no call yet"
         self.rebuilds = 0  # key changes that dropped captured graphs or set up the first ones
         self.captures = 0
         self.fallbacks = 0
@@ -225,6 +225,11 @@ class EncoderStep:
     def mode(self) -> str:
         """How the last call ran: 'graphs' or 'eager'."""
         return self._mode
+
+    @property
+    def eager_reason(self) -> str:
+        """Why the last call ran eagerly ('' when it replayed a graph)."""
+        return "" if self._mode == GRAPHS else self._why_eager
 
     @property
     def key(self) -> EncoderGraphKey | None:
@@ -243,9 +248,23 @@ class EncoderStep:
 
     def current_key(self, mel: Tensor, att_context: tuple[int, int]) -> EncoderGraphKey:
         """The key for the encoder as it is now, a mel input (b, n_mels, W) and an attention context."""
+        return self._key_for((int(mel.shape[1]), int(mel.shape[2])), att_context)
+
+    def _key_for(self, window: tuple[int, int], att_context: tuple[int, int]) -> EncoderGraphKey:
         w = self.encoder.pre_encode.out.weight
-        return EncoderGraphKey(w.device, w.dtype, self._storages.pointers(), att_context,
-                               (int(mel.shape[1]), int(mel.shape[2])))
+        return EncoderGraphKey(w.device, w.dtype, self._storages.pointers(), att_context, window)
+
+    def prepare(self, sizes: list[int], window: tuple[int, int], att_context: tuple[int, int]) -> list[int]:
+        """Capture now, largest first, the graphs that calls of `sizes` rows with (n_mels, W)
+        windows would capture (a migration captures its target's this way, off the engine
+        thread, before the cut-over). Returns the bucket sizes with a graph."""
+        device = self.encoder.pre_encode.out.weight.device
+        if self.requested == EAGER or self.encoder.training or not self.backend.supports(device):
+            return []
+        key = self._key_for(window, att_context)
+        for size in sorted({bucket_size(b, self.per_octave) for b in sizes if b > 0}, reverse=True):
+            self._bucket(key, size)
+        return self.buckets
 
     def reset(self) -> None:
         """Drop graphs and buffers now; the next call captures again."""
@@ -253,6 +272,7 @@ class EncoderStep:
         self._key = None
         self._failed.clear()
         self._mode = EAGER
+        self._why_eager = "reset"
 
     @torch.no_grad()
     def __call__(self, cache: EncoderCache, rows: Tensor, mel: Tensor, lengths: Tensor, start: Tensor,
@@ -271,8 +291,16 @@ class EncoderStep:
         b = int(rows.shape[0])
         device = cache.channel.device
         bucket = None
-        if self.requested != EAGER and b > 0 and not self.encoder.training and self.backend.supports(device):
-            bucket = self._bucket_for(b, mel, att_context)
+        if self.requested == EAGER:
+            self._why_eager = "CUDA graphs are off"
+        elif self.encoder.training:
+            self._why_eager = "the model is in training mode"
+        elif not self.backend.supports(device):
+            self._why_eager = f"no CUDA graphs on {device.type}"
+        elif b > 0:
+            bucket = self._bucket(self.current_key(mel, att_context), b)
+            if bucket is None:
+                self._why_eager = self._failed.get(bucket_size(b, self.per_octave), "")
         if bucket is None:
             self._mode = EAGER
             return self._eager(cache, rows, mel, lengths, start, full, att_context)
@@ -307,12 +335,12 @@ class EncoderStep:
         return v.enc[:b].clone(), v.enc_len[:b].clone()
 
     # -- graphs ------------------------------------------------------------------------------
-    def _bucket_for(self, b: int, mel: Tensor, att_context: tuple[int, int]) -> _Bucket | None:
-        key = self.current_key(mel, att_context)
+    def _bucket(self, key: EncoderGraphKey, b: int) -> _Bucket | None:
+        """The graph of b rows' bucket under `key` (captured now if need be; None: it runs eagerly)."""
         why = key.changes_from(self._key)
         if why:
             self._drop()
-            self._key, self._failed = key, set()
+            self._key, self._failed = key, {}
             self.rebuilds += 1
             self.last_rebuild_reason = why
         size = bucket_size(b, self.per_octave)
@@ -323,18 +351,18 @@ class EncoderStep:
 
     def _capture(self, key: EncoderGraphKey, size: int) -> _Bucket | None:
         t0 = time.perf_counter()
-        try:
-            with _plain(key.device):
+        try:  # DEVICE_LOCK: no other thread's synchronize or capture meanwhile (`streamd.cuda_capture`)
+            with cuda_capture.DEVICE_LOCK, _plain(key.device):
                 if self._static is None or self._static.capacity < size:
                     self._grow(key, size)
                 assert self._static is not None
                 views = self._static.views(size)
                 graph = self.backend.capture(key.device, partial(self._body, views, key.att_context), self._pool)
         except Exception as e:  # noqa: BLE001 - no graph for this bucket: it runs eagerly
-            self._failed.add(size)
             self.fallbacks += 1
             self.fallback_reason = (f"CUDA graph capture failed for batch {size} "
                                     f"({type(e).__name__}: {e}); encoding that batch size eagerly")
+            self._failed[size] = self.fallback_reason
             log.warning("encoder: %s", self.fallback_reason)
             if self.on_fallback is not None:
                 self.on_fallback(self.fallback_reason)

@@ -16,6 +16,7 @@ writes between steps: no other thread of the process then competes with steps fo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import selectors
@@ -24,14 +25,15 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from streamd.engine.migration import MigrationFailed, MigrationReport, cut_over, placed_copy, placement, stage_cache
+from streamd.engine.migration import (MigrationFailed, MigrationReport, PreparedSteps, cut_over, placed_copy, placement,
+                                      prepare_steps, stage_cache)
 from streamd.engine.placement import DTYPE_NAMES
 from streamd.engine.recognizer import ChunkResult, Launched, Recognizer
 from streamd.engine.stream import ChunkGeometry, Stream
@@ -41,6 +43,7 @@ log = logging.getLogger("streamd.engine")
 
 StepObserver = Callable[[float, int], None]  # (seconds, batch size)
 STEP_POLL_S = 0.0005  # while a step runs on the device: how often the engine thread checks it
+GAP_WAIT_S = 3.0  # how long a migration waits for the first step after its cut-over (its serving gap)
 
 
 class StreamFailed(RuntimeError):
@@ -90,11 +93,19 @@ class Call:
 
 
 @dataclass(frozen=True, slots=True)
+class Io:
+    """Run `fn()` on the engine thread at its next turn, also while a step is in flight (it must
+    not touch the recognizer): a front end's bridge sends its messages this way."""
+
+    fn: Callable[[], None]
+
+
+@dataclass(frozen=True, slots=True)
 class Stop:
     """Finish the engine thread (slots released)."""
 
 
-Command = Open | Audio | End | Close | Call | Stop
+Command = Open | Audio | End | Close | Call | Io | Stop
 StreamCommand = Audio | End | Close  # what a front end's bridge posts in bulk
 
 
@@ -110,6 +121,7 @@ class EngineStatus:
     encoder: str = "eager"  # how the last step encoded: "graphs" or "eager"
     decoder: str = "eager"  # how the last step decoded: "full_graph", "no_while_loops" or "eager"
     cutting_over: bool = False  # a migration is swapping the model in: steps wait
+    eager_reason: str = ""  # why the last step encoded or decoded without CUDA graphs ('' when both used them)
 
 
 class IoSource(Protocol):
@@ -235,6 +247,7 @@ class Engine:
         self._cutting_over = False
         self._migrating = asyncio.Lock()
         self._listeners: list[Callable[[], None]] = []
+        self._landing: list[Future[float]] = []  # resolved with the time the next step lands
         self._status = self._snapshot()
         self.step_times = StepTimes()
 
@@ -257,7 +270,8 @@ class Engine:
     def _snapshot(self) -> EngineStatus:
         rec = self.recognizer
         return EngineStatus(str(rec.model.device), DTYPE_NAMES[rec.model.dtype], rec.geometry, rec.capacity,
-                            rec.encoder_step.mode, getattr(rec.search, "mode", "eager"), self._cutting_over)
+                            rec.encoder_step.mode, getattr(rec.search, "mode", "eager"), self._cutting_over,
+                            rec.eager_reason())
 
     def add_listener(self, listener: Callable[[], None]) -> None:
         """Call `listener()` on the event loop whenever a migration changes the status."""
@@ -266,9 +280,11 @@ class Engine:
     async def migrate(self, master: Transducer, device: torch.device | None, dtype: torch.dtype | None
                       ) -> MigrationReport:
         """Move serving to a copy of `master` (fp32 CPU weights) at `device` / `dtype` (None: as
-        now) while streams go on (see `engine/migration.py`): the copy is made and probed off the
-        engine thread, then swapped in between two steps with every live stream's state. On
-        failure the engine keeps serving where it was; the report says why. One at a time."""
+        now) while streams go on (see `engine/migration.py`): the copy is made and probed, and
+        its CUDA graphs captured, off the engine thread, then swapped in between two steps with
+        every live stream's state. On failure the engine keeps serving where it was; the
+        report says why. One at a time. Returns once the first step after the cut-over has
+        delivered its results (at most `GAP_WAIT_S` later): the report has the serving gap."""
         async with self._migrating:
             rec = self.recognizer
             source = placement(rec.model)
@@ -283,16 +299,37 @@ class Engine:
                 t0 = time.perf_counter()
                 target = await asyncio.to_thread(placed_copy, master, dev, dt, rec.att_context)
                 staged = await asyncio.to_thread(stage_cache, target, rec.capacity, rec.att_context)
+                steps = await asyncio.to_thread(prepare_steps, rec, target, rec.graph_sizes())
                 report.prepare_ms = (time.perf_counter() - t0) * 1000
+                report.recapture_ms, report.graphs = steps.capture_ms, steps.graphs
                 self._set_cutting_over(True)
                 try:
-                    report.pause_ms, report.streams = await self.call(lambda r: cut_over(r, target, staged))
+                    report.pause_ms, report.streams, before, landed = await self.call(
+                        lambda r: self._cut_over(r, target, staged, steps))
                 finally:
                     self._set_cutting_over(False)
                 report.ok = True
             except Exception as e:  # noqa: BLE001 - whatever failed, serving goes on where it was
                 report.error = str(e) if isinstance(e, (ValueError, MigrationFailed)) else f"{type(e).__name__}: {e}"
+                return report
+            if report.streams:
+                try:
+                    after = await asyncio.wait_for(asyncio.wrap_future(landed), GAP_WAIT_S)
+                except TimeoutError:
+                    pass  # no step since: nothing to measure (the streams sent no audio)
+                else:
+                    report.serving_gap_ms = (after - before) * 1000
             return report
+
+    def _cut_over(self, rec: Recognizer, target: Transducer, staged: Any, steps: PreparedSteps
+                  ) -> tuple[float, int, float, Future[float]]:
+        """`cut_over` on the engine thread; also when the serving gap began (the last landing,
+        at most one chunk before the pause) and a future of the next landing."""
+        paused = time.perf_counter()
+        pause_ms, streams = cut_over(rec, target, staged, steps)
+        landed: Future[float] = Future()
+        self._landing.append(landed)
+        return pause_ms, streams, max(self._landed_at, paused - rec.geometry.chunk_ms / 1000), landed
 
     def _set_cutting_over(self, on: bool) -> None:
         self._cutting_over = on
@@ -330,6 +367,11 @@ class Engine:
     async def call(self, fn: Callable[[Recognizer], Any]) -> Any:
         """Run fn(recognizer) on the engine thread between two steps; returns its result."""
         return await asyncio.wrap_future(self.submit(fn))
+
+    def run_soon(self, fn: Callable[[], None]) -> None:
+        """Run fn() on the engine thread at its next turn, without waiting for steps in flight
+        (from any thread; fn must not touch the recognizer)."""
+        self._post(Io(fn))
 
     def submit(self, fn: Callable[[Recognizer], Any]) -> Future[Any]:
         """Run fn(recognizer) on the engine thread between two steps (from any thread)."""
@@ -494,6 +536,9 @@ class Engine:
             except BaseException as e:  # handed to the awaiting coroutine
                 command.future.set_exception(e)
             return
+        if isinstance(command, Io):
+            command.fn()
+            return
         if isinstance(command, Stop):
             self._stopping = True
             return
@@ -566,6 +611,10 @@ class Engine:
                 self._on_step(now - max(step.t0, self._landed_at), len(step.batch))
             self._landed_at = now
             self._status = self._snapshot()
+            for waiter in self._landing:
+                with contextlib.suppress(InvalidStateError):  # its migration stopped waiting
+                    waiter.set_result(now)
+            self._landing.clear()
             for s, r in zip(step.batch, results):
                 if s.stream is not None:  # not failed in the meantime
                     s.in_flight -= 1

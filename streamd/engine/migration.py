@@ -4,11 +4,18 @@
    from the source (`placed_copy`).
    A probe chunk runs through the copy there, so a target that cannot run (no bf16 kernel,
    out of memory) fails before anything changes, and the device is warm.
-   The slot-state buffers at the target are allocated then too (`stage_cache`).
-2. At a step boundary (on the engine thread, via `Engine.call`) `cut_over` swaps the model in
-   and copies every live stream's encoder caches and decoder state to the target. On any
-   error everything is put back as it was.
-3. The decoder rebuilds its own device state lazily on the first chunk after the move.
+   The slot-state buffers at the target are allocated then too (`stage_cache`), and the
+   target's encoder step and decoder are made, with the CUDA graphs of every batch size the
+   serving ones have captured (`prepare_steps`, on a side stream), so that the first steps
+   after the move replay graphs instead of capturing them while every stream waits.
+   Every CUDA call of this preparation that could break a capture on the engine thread (a
+   synchronize, `empty_cache`, a capture) holds `cuda_capture.DEVICE_LOCK`, as the engine
+   thread's captures do.
+2. At a step boundary (on the engine thread, via `Engine.call`) `cut_over` swaps the model and
+   its prepared steps in and copies every live stream's encoder caches and decoder state to the
+   target. On any error everything is put back as it was (the source's graphs included).
+3. A batch size without a prepared graph is captured lazily on its first step, as after a
+   plain `model.to(...)`.
 """
 from __future__ import annotations
 
@@ -20,8 +27,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from streamd.cuda_capture import DEVICE_LOCK
+from streamd.engine.encoder_step import EncoderStep
 from streamd.engine.placement import DTYPE_NAMES, move_model
-from streamd.engine.recognizer import Recognizer
+from streamd.engine.recognizer import Recognizer, Search
 from streamd.model.encoder import EncoderCache
 from streamd.model.transducer import Transducer
 
@@ -37,12 +46,17 @@ class MigrationReport:
     ok: bool
     source: str
     target: str
-    prepare_ms: float
-    pause_ms: float  # engine paused: swap, state conversion, probe step
+    prepare_ms: float  # before the pause, while serving went on: copy, probe, buffers, graphs
+    pause_ms: float  # engine paused: swap, state conversion
     streams: int
     error: str = ""
     at: float = 0.0
     moved: bool = True  # False: the model already was at the target, nothing was done
+    recapture_ms: float = 0.0  # part of prepare_ms: the target's CUDA graphs captured
+    graphs: str = ""  # the batch sizes captured for the target ("encoder 12, decoder 9"), '' on a CPU
+    # last results delivered before the pause -> first after it (at most one chunk counted
+    # before the pause); None: no step ran within `GAP_WAIT_S` after it
+    serving_gap_ms: float | None = None
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -63,10 +77,12 @@ def placed_copy(master: Transducer, device: torch.device, dtype: torch.dtype,
     warm before the engine pauses. Raises whatever the allocation or the probe raises."""
     target = copy.deepcopy(master)
     try:
-        move_model(target, device, dtype)
+        with DEVICE_LOCK:
+            move_model(target, device, dtype)
         if probe is not None:
-            _probe(Recognizer(target, capacity=1, att_context=probe))
-            _synchronize(device)
+            with DEVICE_LOCK:
+                _probe(Recognizer(target, capacity=1, att_context=probe))
+                _synchronize(device)
     except BaseException:
         del target
         _empty_cache(device)
@@ -78,27 +94,56 @@ def stage_cache(target: Transducer, capacity: int, att_context: tuple[int, int])
     """Slot-state buffers at the target placement, allocated (pages touched) before the pause,
     so the cut-over only copies into them. For a FastConformer-L with 256 slots the encoder
     cache is about 0.7 GB in fp32: allocating it inside the pause dominated a move to the CPU."""
-    return target.encoder.init_cache(capacity, att_context, target.device, target.dtype)
+    with DEVICE_LOCK:
+        cache = target.encoder.init_cache(capacity, att_context, target.device, target.dtype)
+        _synchronize(target.device)
+    return cache
 
 
-def cut_over(rec: Recognizer, target: Transducer, staged: EncoderCache | None = None) -> tuple[float, int]:
-    """Swap a prepared `target` in at a step boundary; runs on the engine thread, so no step
-    runs meanwhile and audio that arrives is queued. Converts every live stream's encoder
-    caches (into `staged`, if given) and decoder carry. Returns (pause ms, live streams); on
-    failure puts the source back and raises MigrationFailed."""
+@dataclass
+class PreparedSteps:
+    """The target's encoder step and search, with graphs captured for `graphs` batch sizes."""
+
+    encoder_step: EncoderStep
+    search: Search
+    capture_ms: float
+    graphs: str
+
+
+def prepare_steps(rec: Recognizer, target: Transducer, sizes: tuple[list[int], list[int]]) -> PreparedSteps:
+    """The target's encoder step and search (the recognizer's factories), with the graphs of the
+    batch sizes `sizes` (`Recognizer.graph_sizes()`: the encoder's and the decoder's) captured
+    now, off the engine thread, largest first. A size that fails to capture (out of memory)
+    is left to the lazy capture on its first step; on a CPU nothing is captured."""
     t0 = time.perf_counter()
-    source = rec.model
+    encoder_step, search = rec.encoder_factory(target), rec.search_factory(target)
+    enc_sizes, dec_sizes = sizes
+    enc = encoder_step.prepare(enc_sizes, rec.mel_window, rec.att_context)
+    prepare = getattr(search, "prepare", None)
+    dec = prepare(dec_sizes) if prepare is not None and dec_sizes else []
+    graphs = f"encoder {len(enc)}, decoder {len(dec)}" if enc or dec else ""
+    return PreparedSteps(encoder_step, search, (time.perf_counter() - t0) * 1000, graphs)
+
+
+def cut_over(rec: Recognizer, target: Transducer, staged: EncoderCache | None = None,
+             steps: PreparedSteps | None = None) -> tuple[float, int]:
+    """Swap a prepared `target` in at a step boundary (with its `steps`, if prepared); runs on
+    the engine thread, so no step runs meanwhile and audio that arrives is queued. Converts
+    every live stream's encoder caches (into `staged`, if given) and decoder carry. Returns
+    (pause ms, live streams); on failure puts the source back and raises MigrationFailed."""
+    t0 = time.perf_counter()
+    source, source_steps = rec.model, (rec.encoder_step, rec.search)
     try:
-        rec.use_model(target, staged)
+        rec.use_model(target, staged, (steps.encoder_step, steps.search) if steps is not None else None)
         rec.state_tensors()
         _synchronize(target.device)
     except Exception as e:
-        rec.use_model(source)
+        rec.use_model(source, None, source_steps)
         rec.state_tensors()
         _empty_cache(target.device)
         raise MigrationFailed(f"{type(e).__name__}: {e}") from e
     old_device = source.device
-    del source
+    del source, source_steps  # and with them the source's graphs and their pools
     _empty_cache(old_device)
     return (time.perf_counter() - t0) * 1000, rec.active
 
@@ -117,9 +162,11 @@ def _probe(rec: Recognizer) -> None:
 
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        with DEVICE_LOCK:
+            torch.cuda.synchronize(device)
 
 
 def _empty_cache(device: torch.device) -> None:
     if device.type == "cuda":
-        torch.cuda.empty_cache()
+        with DEVICE_LOCK:
+            torch.cuda.empty_cache()

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from streamd.buckets import bucket_size
+from streamd.cuda_capture import synchronize_and_free
 from streamd.decoding.graphs import BucketedGraphDecoder, GraphGreedyLabelLooping
 from streamd.decoding.greedy import BatchedHyps, GreedyLabelLooping
 from streamd.decoding.state import DecoderState
@@ -106,12 +107,34 @@ class Recognizer:
         self._max_part: int | None = None  # set when the graph warm-up could not fit a whole part
         self._start: tuple[tuple[object, ...], DecoderState] | None = None  # see `_start_row`
 
-    def use_model(self, model: Transducer, staged: EncoderCache | None = None) -> None:
+    def use_model(self, model: Transducer, staged: EncoderCache | None = None,
+                  steps: tuple[EncoderStep, Search] | None = None) -> None:
         """Serve from another model object with the same weights and architecture (a migration
         target); slot state follows it at the next `state_tensors()`, copied into `staged`
-        (buffers already allocated at the new placement, see `migration.stage_cache`) if given."""
-        self.model, self.search, self.encoder_step = model, self.search_factory(model), self.encoder_factory(model)
+        (buffers already allocated at the new placement, see `migration.stage_cache`) if given.
+        `steps`: its encoder step and search, made (and their graphs captured) beforehand;
+        None: made of the factories now."""
+        encoder_step, search = steps if steps is not None else (self.encoder_factory(model), self.search_factory(model))
+        self.model, self.search, self.encoder_step = model, search, encoder_step
         self._staged = staged
+
+    @property
+    def mel_window(self) -> tuple[int, int]:
+        """(n_mels, W): the shape of one stream's encoder window."""
+        return self._logmel.dims.n_mels, self.geometry.window
+
+    def graph_sizes(self) -> tuple[list[int], list[int]]:
+        """The batch sizes (buckets) with captured graphs: the encoder step's, the decoder's."""
+        captured = getattr(self.search, "captured", None)
+        return self.encoder_step.buckets, captured() if captured is not None else []
+
+    def eager_reason(self) -> str:
+        """Why the last step encoded or decoded without CUDA graphs ('' when both replayed graphs)."""
+        why = [f"{part}: {reason}" for part, reason in (
+            ("encoder", self.encoder_step.eager_reason),
+            ("decoder", getattr(self.search, "eager_reason", "the reference decoder (CUDA graphs off or no CUDA)")))
+            if reason]
+        return "; ".join(why)
 
     @property
     def active(self) -> int:
@@ -157,15 +180,13 @@ class Recognizer:
                     self.step(streams[:n])
                 except torch.OutOfMemoryError:
                     log.warning("graph warm-up skipped batch %d: out of GPU memory", n)
-                    if device.type == "cuda":
-                        torch.cuda.empty_cache()
+                    synchronize_and_free(device)
                     continue
                 done.append(n)
         finally:
             for s in streams:
                 self.close(s)
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+            synchronize_and_free(device)
         if done and done[0] < top:
             log.warning("steps launched in parts of at most %d streams: larger batches did not fit in GPU memory",
                         done[0])

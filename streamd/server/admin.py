@@ -57,6 +57,7 @@ class Control:
                 "admission_limit": limit, "capacity_estimate": estimate,
                 "parked": self.state.sessions.parked,
                 "chunk_ms": engine.geometry.chunk_ms, "decoder": engine.decoder, "encoder": engine.encoder,
+                "eager_reason": engine.eager_reason,
                 "draining": self.state.draining, "shutting_down": self.state.shutdown.is_set(),
                 "last_migration": self.last_migration.as_dict() if self.last_migration else None}
 
@@ -88,10 +89,13 @@ class Control:
         m = self.state.metrics
         m.migrations.labels(result="ok" if report.ok else "failed").inc()
         if report.ok:
-            m.migration_pause.observe(report.pause_ms / 1000)
+            gap = report.serving_gap_ms
+            m.observe_migration(report.pause_ms / 1000, report.recapture_ms / 1000, None if gap is None else gap / 1000)
             m.set_model(self.state.model_name, self.state.device, self.state.dtype)
+        gap_text = "no step soon after" if report.serving_gap_ms is None else f"serving gap {report.serving_gap_ms:.1f} ms"
         log.info("admin: migrate %s -> %s: %s", report.source, report.target,
-                 f"ok, paused {report.pause_ms:.1f} ms" if report.ok
+                 f"ok, paused {report.pause_ms:.1f} ms, {gap_text}; prepared in {report.prepare_ms:.0f} ms "
+                 f"({report.graphs or 'no graphs'} captured in {report.recapture_ms:.0f} ms)" if report.ok
                  else f"failed ({report.error}); still on {report.source}")
         self.last_migration = report
         return report

@@ -69,8 +69,9 @@ def build_state(cfg: Config, metrics: Metrics) -> ServerState:
                          capacity_changed)
     capacity_changed(admission.estimate, admission.limit)
 
-    def on_step(seconds: float, batch: int) -> None:
+    def on_step(seconds: float, batch: int) -> None:  # on the engine thread
         metrics.observe_step(seconds, batch, chunk_s)
+        metrics.set_graphs(rec.encoder_step.mode == GRAPHS, getattr(rec.search, "mode", EAGER) != EAGER)
         admission.observe(seconds, batch)
 
     engine = Engine(rec, cfg.server.max_streams, e.batch_wait_ms / 1000, on_step)

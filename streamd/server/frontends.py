@@ -172,8 +172,9 @@ class Bridge:
             self.channel.send(out)
 
     def post(self, messages: list[Message]) -> None:
-        """Send `messages` to the front end (from any thread: the engine thread writes them)."""
-        self.state.engine.submit(lambda rec: None if self.gone else self.channel.send(messages))
+        """Send `messages` to the front end (from any thread: the engine thread writes them at
+        its next turn, also while a step is in flight)."""
+        self.state.engine.run_soon(lambda: None if self.gone else self.channel.send(messages))
 
 
 class FrontEnds:
@@ -188,6 +189,7 @@ class FrontEnds:
         self._reserved: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._publisher: asyncio.Task[None] | None = None
+        self._replacing: set[asyncio.Future[None]] = set()  # front ends being started in place of lost ones
         self._stopping = False
 
     async def start(self) -> int:
@@ -199,14 +201,17 @@ class FrontEnds:
         self.state.census = self.census
         self.state.listeners.append(self.publish)
         self.state.handoff_hooks.append(self.hand_off)
-        self.bridges = [self._spawn(i) for i in range(self.workers)]
+        self.bridges = list(await asyncio.gather(*(self._spawn(i) for i in range(self.workers))))
         pids = await asyncio.wait_for(asyncio.gather(*(asyncio.wrap_future(b.up) for b in self.bridges)),
                                       START_TIMEOUT_S)
         log.info("%d front-end processes listening (pids %s)", self.workers, " ".join(map(str, pids)))
         self._publisher = asyncio.create_task(self._publish_changes())
         return self.port
 
-    def _spawn(self, index: int) -> Bridge:
+    async def _spawn(self, index: int) -> Bridge:
+        """Start front end `index`. `Process.start` runs in a thread: it writes the spec to the
+        child, which reads it only after importing streamd and torch (seconds), so on the event
+        loop it would hold up /metrics, the admin socket and everything else meanwhile."""
         from streamd.server.worker import run  # the front end's entry point (it imports this module)
 
         cfg = self.state.config
@@ -214,8 +219,10 @@ class FrontEnds:
         spec = WorkerSpec(index, theirs, cfg, self.state.tokenizer.model_proto, self.state.model_name,
                           self.state.engine.status, self.census.slots, self.port, cfg.log.level, cfg.log.format)
         process = self._ctx.Process(target=run, args=(spec,), name=f"streamd-front{index}", daemon=True)
-        process.start()
-        theirs.close()
+        try:
+            await asyncio.to_thread(process.start)
+        finally:
+            theirs.close()
         assert self._loop is not None
         bridge = Bridge(index, self.state, ours, process, self._loop, self._lost)
         # what changed while it started (a drain, a migration) reaches it after its spec
@@ -234,8 +241,14 @@ class FrontEnds:
     def _replace(self, bridge: Bridge) -> None:
         if self._stopping or self.bridges[bridge.index] is not bridge:
             return
-        bridge.process.join(1.0)
-        self.bridges[bridge.index] = self._spawn(bridge.index)
+        task = asyncio.ensure_future(self._respawn(bridge))
+        self._replacing.add(task)
+        task.add_done_callback(self._replacing.discard)
+
+    async def _respawn(self, bridge: Bridge) -> None:
+        await asyncio.to_thread(bridge.process.join, 1.0)
+        if not self._stopping and self.bridges[bridge.index] is bridge:
+            self.bridges[bridge.index] = await self._spawn(bridge.index)
 
     def _status(self) -> Message:
         return ("status", self.state.engine.status, self.state.draining,
@@ -271,6 +284,7 @@ class FrontEnds:
         self._stopping = True
         if self._publisher is not None:
             self._publisher.cancel()
+        await asyncio.gather(*self._replacing, return_exceptions=True)  # a front end starting now stops too
         for b in self.bridges:
             b.post([("shutdown",)])
         wait_s = self.state.config.server.drain_timeout_s + 2 * self.state.config.server.send_timeout_s

@@ -90,6 +90,15 @@ class Metrics:
         self.migration_pause = Histogram(
             "migration_pause_seconds", "Time streams were paused during a migration.",
             namespace=ns, registry=r, buckets=_PAUSE_BUCKETS)
+        self.migration_recapture = Histogram(
+            "migration_recapture_seconds", "Time a migration spent capturing the target's CUDA graphs "
+            "(before its pause, while serving went on).", namespace=ns, registry=r, buckets=_PAUSE_BUCKETS)
+        self.migration_gap = Histogram(
+            "migration_serving_gap_seconds", "Around a migration: from the last results delivered before its "
+            "pause to the first after it.", namespace=ns, registry=r, buckets=_PAUSE_BUCKETS)
+        self.graphs_in_use = Gauge(
+            "cuda_graphs_in_use", "1 when the last decode step ran this part from CUDA graphs, 0 when eagerly "
+            "(the admin status says why).", ["part"], namespace=ns, registry=r)
         self.capacity_estimate = Gauge(
             "capacity_estimate_streams", "Streams this daemon can serve in real time: the largest batch "
             "whose step time fits the admission budget (warm-up probe, then live steps).",
@@ -105,6 +114,7 @@ class Metrics:
         self.front = (self.streams_active, self.connections, self.rejections, self.audio_seconds,
                       self.partial_latency, self.final_latency, self.backlog, self.endpoints)
         self._remote: dict[int, list[Metric]] = {}
+        self.set_graphs(False, False)
         for counter, labels in ((self.rejections, REJECTION_REASONS),
                                 (self.resumes, RESUME_RESULTS),
                                 (self.endpoints, ENDPOINT_RULES),
@@ -116,6 +126,18 @@ class Metrics:
     def set_model(self, model: str, device: str, dtype: str) -> None:
         """Publish ``streamd_model_info{model,device,dtype} 1`` (replacing the previous one)."""
         self.model_info.info({"model": model, "device": device, "dtype": dtype})
+
+    def observe_migration(self, pause_s: float, recapture_s: float, gap_s: float | None) -> None:
+        """Record a migration that happened (`gap_s` None: no step ran soon after it)."""
+        self.migration_pause.observe(pause_s)
+        self.migration_recapture.observe(recapture_s)
+        if gap_s is not None:
+            self.migration_gap.observe(gap_s)
+
+    def set_graphs(self, encoder: bool, decoder: bool) -> None:
+        """Whether the last step's encoder and decoder replayed CUDA graphs."""
+        self.graphs_in_use.labels(part="encoder").set(encoder)
+        self.graphs_in_use.labels(part="decoder").set(decoder)
 
     def count_endpoint(self, rule: EndpointRule) -> None:
         """An utterance ended by endpoint rule ``rule`` (also the ones without speech, never sent)."""

@@ -36,7 +36,7 @@ from streamd.server.resume import Sessions
 
 log = logging.getLogger("streamd.server")
 METRICS_PUSH_S = 1.0  # how often the connection-side metrics go to the engine's process
-METRICS_TEXT_TIMEOUT_S = 5.0
+METRICS_TEXT_TIMEOUT_S = 2.0  # then /metrics serves the last text the engine's process sent
 # Commands of this long leave in one channel message: the engine thread, which reads every
 # front end's messages between steps, then handles a few hundred a second, not one per turn of
 # each event loop (thousands at a thousand streams). Small beside a chunk (80 ms or more).
@@ -134,6 +134,7 @@ class RemoteEngine:
         self._sessions: dict[int, EngineSession] = {}
         self._opening: dict[int, asyncio.Future[str | None]] = {}
         self._texts: dict[int, asyncio.Future[bytes]] = {}
+        self._last_text: tuple[float, bytes] | None = None  # (loop time, the latest /metrics text received)
         self._next = 0
         self._pending: list[Message] = []
         self._audio: list[tuple[int, np.ndarray]] = []  # (sid, float32 samples) queued since the last message
@@ -193,17 +194,30 @@ class RemoteEngine:
             self.post(("close", session.sid))
 
     async def metrics_text(self) -> bytes:
-        """The daemon's /metrics (the engine's process adds every front end's)."""
-        assert self._loop is not None
+        """The daemon's /metrics (the engine's process adds every front end's). Never fails: if
+        the engine's process does not answer within METRICS_TEXT_TIMEOUT_S, the last text it
+        sent (or, before any, this front end's own metrics), with a comment saying so."""
+        assert self._loop is not None and self._state is not None
         key = self._next
         self._next += 1
         fut: asyncio.Future[bytes] = self._loop.create_future()
         self._texts[key] = fut
         self.post(("metrics_text", key))
         try:
-            return await asyncio.wait_for(fut, METRICS_TEXT_TIMEOUT_S)
+            text = await asyncio.wait_for(fut, METRICS_TEXT_TIMEOUT_S)
+        except TimeoutError:
+            log.warning("front end: the engine's process did not answer /metrics within %.0f s; serving %s",
+                        METRICS_TEXT_TIMEOUT_S, "its last answer" if self._last_text else "this front end's own")
+            if self._last_text is None:
+                return (b"# streamd: the engine's process did not answer; this front end's metrics only\n"
+                        + self._state.metrics.render())
+            at, text = self._last_text
+            age = self._loop.time() - at
+            return f"# streamd: the engine's process did not answer; its metrics of {age:.1f} s ago\n".encode() + text
         finally:
             self._texts.pop(key, None)
+        self._last_text = (self._loop.time(), text)
+        return text
 
     # -- the channel --------------------------------------------------------------------------------
     def post(self, message: Message) -> None:
