@@ -101,3 +101,47 @@ def test_a_front_end_that_dies_frees_its_slots_and_the_other_serves_on() -> None
                 await ws.close()
 
     asyncio.run(main())
+
+
+def test_metrics_and_readyz_through_front_ends_never_fail() -> None:
+    """/metrics and /readyz every 100 ms through the front ends, idle and under load (and while
+    the daemon starts, its event loop stays free: front ends are spawned off it)."""
+    async def main() -> None:
+        lag = 0.0
+
+        async def ticker() -> None:
+            nonlocal lag
+            loop = asyncio.get_running_loop()
+            while True:
+                t = loop.time()
+                await asyncio.sleep(0.02)
+                lag = max(lag, loop.time() - t - 0.02)
+
+        ticks = asyncio.create_task(ticker())
+        async with running(config(max_streams=24, workers=2)) as (app, url):
+            assert app.fronts is not None
+            ticks.cancel()
+            spawn_lag = lag
+            seen: list[tuple[str, int, str]] = []
+            stop = asyncio.Event()
+
+            async def scrape() -> None:
+                while not stop.is_set():
+                    for path in ("/metrics", "/readyz"):
+                        code, body = await fetch(url, path)
+                        seen.append((path, code, body))
+                    await asyncio.sleep(0.1)
+
+            scraper = asyncio.create_task(scrape())
+            await asyncio.sleep(1.0)  # idle, just started
+            results = await asyncio.gather(*(stream_pcm(url, pcm_of(WAVS[i % len(WAVS)]), np.random.default_rng(i),
+                                                        max_piece=3000, pace_s=0.03) for i in range(16)))
+            stop.set()
+            await scraper
+        assert all(t.close_code == 1000 for t in results)
+        assert len(seen) >= 20 and {code for _, code, _ in seen} == {200}, [(p, c) for p, c, _ in seen if c != 200]
+        texts = [body for path, _, body in seen if path == "/metrics"]
+        assert all("streamd_batch_size_count" in t and "did not answer" not in t for t in texts)
+        assert spawn_lag < 1.0, f"the event loop was held {spawn_lag:.2f} s while the front ends started"
+
+    asyncio.run(main())

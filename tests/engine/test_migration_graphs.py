@@ -1,0 +1,178 @@
+"""A migration's graphs, on the CPU with fake graph backends: the target's graphs are captured
+before the cut-over for the batch sizes the source had, so the first steps after it capture
+nothing; a failed cut-over gives the source its own graphs back; the report says what was
+captured and how long results were held; the status says why a step ran eagerly."""
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import random_model
+from streamd.decoding.graphs import BucketedGraphDecoder
+from streamd.engine.encoder_step import EncoderStep
+from streamd.engine.engine import Engine
+from streamd.engine.recognizer import Recognizer
+from test_encoder_step import CONTEXT, FakeBackend
+
+SLOTS = 6
+
+
+class FakeStepGraph:
+    def __init__(self, fn: Any) -> None:
+        self.replay = fn
+
+
+class FakeDecoderBackend:
+    """The decoder's graphs on the CPU: each captured step calls its function (no full graph)."""
+
+    def __init__(self) -> None:
+        self.captures: list[torch.device] = []
+
+    def supports(self, device: torch.device) -> bool:
+        return True
+
+    def capture(self, device: torch.device, steps: dict[str, Any], warmup: Any) -> dict[str, FakeStepGraph]:
+        warmup()
+        self.captures.append(device)
+        return {k: FakeStepGraph(f) for k, f in steps.items()}
+
+    def instantiate(self, graphs: dict[str, Any]) -> None:
+        pass
+
+    def full_graph(self, *args: Any) -> Any:
+        raise RuntimeError("no conditional nodes here")
+
+    def release(self, device: torch.device) -> None:
+        pass
+
+
+class Made:
+    """The encoder steps and decoders the recognizer's factories made, in order."""
+
+    def __init__(self) -> None:
+        self.encoders: list[EncoderStep] = []
+        self.decoders: list[BucketedGraphDecoder] = []
+
+    def encoder(self, m: Any) -> EncoderStep:
+        self.encoders.append(EncoderStep(m.encoder, "graphs", max_batch=SLOTS, backend=FakeBackend()))
+        return self.encoders[-1]
+
+    def decoder(self, m: Any) -> BucketedGraphDecoder:
+        self.decoders.append(BucketedGraphDecoder(m.decoder, m.joint, m.dims.blank_id, backend=FakeDecoderBackend()))
+        return self.decoders[-1]
+
+    def captures(self) -> tuple[int, int]:
+        """Captures of the latest encoder step and decoder so far."""
+        return len(self.encoders[-1].backend.captures), len(self.decoders[-1]._make.keywords["backend"].captures)
+
+
+def feed(engine: Engine, sessions: list[Any], audio: np.ndarray) -> None:
+    for s in sessions:
+        engine.push(s, audio)
+
+
+async def results(sessions: list[Any], n: int) -> list[Any]:
+    """The next n results of every session."""
+    return [await asyncio.wait_for(s.results.get(), 30) for s in sessions for _ in range(n)]
+
+
+def test_the_targets_graphs_are_captured_before_the_cut_over() -> None:
+    master = random_model(seed=2, att_context_sizes=CONTEXT)
+    made = Made()
+    rng = np.random.default_rng(0)
+
+    async def main() -> None:
+        rec = Recognizer(copy.deepcopy(master), SLOTS, CONTEXT[0], search_factory=made.decoder,
+                         encoder_factory=made.encoder)
+        engine = Engine(rec, max_batch=SLOTS, batch_wait_s=0.05)
+        engine.start()
+        try:
+            warmed = await engine.call(lambda r: r.capture_graphs(SLOTS))
+            assert warmed and made.encoders[0].buckets
+            sessions = [await engine.open() for _ in range(4)]
+            chunk = rec.geometry.samples_for(rec.geometry.frames_after(1))
+            feed(engine, sessions, rng.standard_normal(chunk).astype(np.float32) * 0.1)
+            assert all(r is not None for r in await results(sessions, 1))
+            assert engine.status.eager_reason == "" and engine.status.encoder == "graphs"
+            sizes = rec.graph_sizes()
+
+            report = await engine.migrate(master, None, torch.bfloat16)
+            assert report.ok and report.moved and report.streams == 4, report
+            assert len(made.encoders) == 2 and rec.encoder_step is made.encoders[1]
+            assert rec.graph_sizes() == sizes  # every batch size the source had, captured for the target
+            assert report.graphs == f"encoder {len(sizes[0])}, decoder {len(sizes[1])}" and report.recapture_ms > 0
+            assert report.serving_gap_ms is None  # no audio came after the cut-over
+
+            before = made.captures()
+            for _ in range(3):  # steps after the move replay what was prepared: no capture while streams wait
+                feed(engine, sessions, rng.standard_normal(rec.geometry.chunk_ms * 16).astype(np.float32) * 0.1)
+                await results(sessions, 1)
+            assert made.captures() == before
+            assert engine.status.dtype == "bf16" and engine.status.encoder == "graphs" and engine.status.eager_reason == ""
+        finally:
+            await engine.stop()
+
+    asyncio.run(main())
+
+
+def test_the_serving_gap_is_measured_when_streams_go_on() -> None:
+    master = random_model(seed=2, att_context_sizes=CONTEXT)
+    audio = np.random.default_rng(4).standard_normal(16000 * 6).astype(np.float32) * 0.1
+
+    async def main() -> None:
+        rec = Recognizer(copy.deepcopy(master), 2, CONTEXT[0])
+        engine = Engine(rec, max_batch=2, batch_wait_s=0.0)
+        engine.start()
+        try:
+            session = await engine.open()
+
+            async def paced() -> None:  # real time, in 40 ms pieces
+                for i in range(0, audio.size, 640):
+                    engine.push(session, audio[i: i + 640])
+                    await asyncio.sleep(0.04)
+
+            feeder = asyncio.create_task(paced())
+            assert await session.results.get() is not None
+            report = await engine.migrate(master, None, torch.bfloat16)
+            assert report.ok and report.serving_gap_ms is not None
+            assert report.pause_ms <= report.serving_gap_ms < 3000
+            assert report.graphs == "" and engine.status.eager_reason.startswith("encoder: CUDA graphs are off")
+            feeder.cancel()
+        finally:
+            await engine.stop()
+
+    asyncio.run(main())
+
+
+def test_a_failed_cut_over_keeps_the_sources_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
+    master = random_model(seed=2, att_context_sizes=CONTEXT)
+    made = Made()
+
+    async def main() -> None:
+        rec = Recognizer(copy.deepcopy(master), SLOTS, CONTEXT[0], search_factory=made.decoder,
+                         encoder_factory=made.encoder)
+        engine = Engine(rec, max_batch=SLOTS, batch_wait_s=0.0)
+        engine.start()
+        try:
+            await engine.call(lambda r: r.capture_graphs(SLOTS))
+            source = rec.encoder_step, rec.search
+            real = Recognizer.state_tensors
+
+            def fails_at_bf16(self: Recognizer) -> Any:
+                if self.model.dtype == torch.bfloat16:
+                    raise torch.OutOfMemoryError("simulated: out of memory converting stream state")
+                return real(self)
+
+            monkeypatch.setattr(Recognizer, "state_tensors", fails_at_bf16)
+            report = await engine.migrate(master, None, torch.bfloat16)
+            assert not report.ok and "converting stream state" in report.error
+            assert (rec.encoder_step, rec.search) == source and rec.encoder_step.buckets  # not made again
+        finally:
+            await engine.stop()
+
+    asyncio.run(main())
