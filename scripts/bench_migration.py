@@ -1,24 +1,34 @@
 #!/usr/bin/env python3
-"""Live-migration benchmark: a real daemon serving N real-time streams of a FastConformer-L sized
-model (random weights) while the admin API moves it, e.g. cpu -> cuda:0 -> bf16 -> fp32 -> cpu.
+"""Live-migration benchmark of the production layout: a real `streamd serve --workers N` (its own
+process, front ends included) serving real-time streams of a FastConformer-L sized model (random
+weights), moved by the admin API every `--settle` seconds, e.g. bf16 -> fp16 -> bf16.
 
-The clients run in `--client-procs` processes of their own. Reports per move: the engine
-pause (swap + state conversion, from the admin report; the probe step and the allocation of the
-target's buffers happen before it), the serving gap (last step completed before the move -> first step completed after,
-as clients see it), the first post-move step and the decoder's graph re-capture inside it,
-against the median step, peak GPU memory during the move, and streams dropped. Then a plain `model.to()`
-between steps (no admin path) and checks that results keep coming. Prints a table, writes JSON.
+Reports per move: the engine pause, the re-capture of the target's CUDA graphs (before the pause,
+while serving goes on) and the serving gap (last results before the pause -> first after it), all
+from the admin report; the p95 and max result latency the clients measured in the `--settle`
+seconds after the move (the time from sending a piece of audio to receiving the result that
+covers it); whether the encoder and decoder run from graphs again; and at the end the streams
+dropped. For moves that keep fp32 (e.g. cuda:0 -> cpu -> cuda:0), `--compare` runs the same
+streams through a second daemon that is never moved and reports whether every stream's tokens are
+identical. The daemon admits by `max_streams` (`--admission max_streams`): the benchmark sets the
+load itself, and admission by the capacity estimate would refuse streams beyond what the start
+placement measured at warm-up (on a CPU start, all of them). Prints a table, writes JSON.
 
-    python scripts/bench_migration.py --streams 256 --moves cuda:0/fp32,cuda:0/bf16,cuda:0/fp32,cpu/fp32
+    python scripts/bench_migration.py --streams 16 --chunk-ms 160 --workers 2 --start cpu/fp32 \
+        --moves cpu/bf16,cpu/fp32 --settle 6
+    python scripts/bench_migration.py --streams 1500 --chunk-ms 160 --workers 8 --start cuda:0/bf16 \
+        --moves cuda:0/fp32,cuda:0/bf16,cuda:0/fp32,cuda:0/bf16
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import math
 import multiprocessing
 import platform
-import statistics
+import resource
+import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -30,14 +40,18 @@ import sentencepiece as spm
 import torch
 import websockets
 
-from streamd.config import AdminConfig, Config, EngineConfig, ServerConfig
-from streamd.decoding.greedy import GreedyLabelLooping
-from streamd.model.tokenizer import Tokenizer
-from streamd.model.checkpoint import save_streamd
-from streamd.model.dims import ModelDims
-from streamd.model.transducer import Transducer
-from streamd.server.app import App, build_state
-from streamd.server.metrics import Metrics
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import load  # noqa: E402 - scripts/load.py: the daemon process and the test audio
+
+from streamd.admin_client import request  # noqa: E402
+from streamd.decoding.greedy import GreedyLabelLooping  # noqa: E402
+from streamd.model.checkpoint import save_streamd  # noqa: E402
+from streamd.model.dims import ModelDims  # noqa: E402
+from streamd.model.tokenizer import Tokenizer  # noqa: E402
+from streamd.model.transducer import Transducer  # noqa: E402
+
+CHUNK_RC = {80: 0, 160: 1, 560: 6, 1120: 13}  # chunk ms -> right context
+SEND_S = 0.1  # clients send 100 ms of audio per message
 
 FASTCONFORMER_L = dict(d_model=512, n_layers=17, n_heads=8, subsampling_channels=256, pred_hidden=640,
                        joint_hidden=640, ctc_head=True)
@@ -75,128 +89,131 @@ def calibrate(m: Transducer, rng: np.random.Generator) -> None:
     m.joint.joint_net[-1].bias[blank] += torch.quantile(margin, 0.95)
 
 
-async def client(url: str, seconds: float, rng: np.random.Generator, log: dict[str, Any]) -> None:
-    """One real-time stream of tones and noise; records when results arrive."""
-    t = np.arange(int(seconds * 16000)) / 16000
-    audio = (0.2 * np.sin(2 * np.pi * rng.uniform(120, 300) * t) * (np.sin(2 * np.pi * 0.7 * t) > 0)
-             + rng.normal(0, 0.01, t.size))
-    pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
-    log.update(results=[], lags=[], closed=None, sent=0.0)
-    async with websockets.connect(url + "/v1/stream", max_size=None) as ws:
-        await ws.send(json.dumps({"type": "start", "sample_rate": 16000, "encoding": "s16le"}))
+async def client(url: str, index: int, seconds: float, start_at: float) -> dict[str, Any]:
+    """One real-time stream of `load.tone_bursts` (seeded by its index, so that two runs send the
+    same audio): every result's latency (wall time received - when the audio it covers had been
+    sent) and the final tokens."""
+    audio = load.tone_bursts(seed=index % 16)
+    pcm = load.looped(audio, seconds)
+    step = int(audio.rate * SEND_S) * 2
+    log: dict[str, Any] = {"index": index, "results": [], "tokens": [], "closed": None, "error": None}
+    sent_at: list[float] = []
+    await asyncio.sleep(max(0.0, start_at - time.time()))
+    try:
+        async with websockets.connect(url + "/v1/stream", max_size=None, open_timeout=60) as ws:
+            await ws.send(json.dumps({"type": "start", "sample_rate": audio.rate, "encoding": "s16le",
+                                      "word_times": True}))
 
-        async def read() -> None:
-            async for m in ws:
-                d = json.loads(m)
-                if d["type"] in ("partial", "final"):
-                    log["results"].append(time.monotonic())
-                    # audio sent but not yet reflected in this result (includes the chunk itself)
-                    log["lags"].append((time.monotonic(), log["sent"] - d["audio_processed"]))
-                elif d["type"] == "summary":
-                    log["summary"] = d
+            async def read() -> None:
+                async for m in ws:
+                    d = json.loads(m)
+                    if d["type"] in ("partial", "final"):
+                        k = min(max(0, math.ceil(d["audio_processed"] / SEND_S - 1e-6) - 1), len(sent_at) - 1)
+                        if k >= 0:
+                            log["results"].append((time.time(), time.time() - sent_at[k]))
+                        if d["type"] == "final":
+                            log["tokens"].extend(d.get("tokens", []))
+                    elif d["type"] == "summary":
+                        log["summary"] = True
+                    elif d["type"] == "error":
+                        log["error"] = f"{d['code']}: {d['message']}"
 
-        reader = asyncio.create_task(read())
-        await asyncio.sleep(rng.uniform(0, 1.0))  # staggered phases, as real clients are
-        t0, step = time.monotonic(), 3200  # 200 ms frames
-        for i in range(0, len(pcm), step):
-            await ws.send(pcm[i: i + step])
-            log["sent"] = (i + step) / 32000
-            await asyncio.sleep(max(0.0, t0 + (i + step) / 32000 - time.monotonic()))
-        await ws.send(json.dumps({"type": "stop"}))
-        await reader
-    log["closed"] = ws.close_code
+            reader = asyncio.create_task(read())
+            t0 = time.time()
+            for k in range(round(seconds / SEND_S)):
+                await asyncio.sleep(max(0.0, t0 + k * SEND_S - time.time()))
+                await ws.send(pcm[k * step: (k + 1) * step])
+                sent_at.append(time.time())
+                if reader.done():
+                    break
+            await ws.send(json.dumps({"type": "stop"}))
+            await asyncio.wait_for(reader, 120)
+        log["closed"] = ws.close_code
+    except (OSError, asyncio.TimeoutError, websockets.WebSocketException) as e:
+        log["error"] = log["error"] or f"{type(e).__name__}: {e}"
+    return log
 
 
-def client_process(url: str, seconds: float, seeds: list[int]) -> list[dict[str, Any]]:
-    """Several clients in one process of their own, so that the daemon's event loop serves
-    only the daemon (as in production: clients are elsewhere)."""
+def client_process(url: str, indices: list[int], seconds: float, start_at: float, ramp_s: float) -> list[dict[str, Any]]:
+    """Several streams in one process of their own (clients are elsewhere in production), started
+    evenly over `ramp_s` (staggered phases, as real clients are)."""
     async def all_clients() -> list[dict[str, Any]]:
-        logs: list[dict[str, Any]] = [{} for _ in seeds]
-        await asyncio.gather(*(client(url, seconds, np.random.default_rng(s), log) for s, log in zip(seeds, logs)))
-        return logs
+        n = max(indices) + 1
+        return list(await asyncio.gather(*(client(url, i, seconds, start_at + ramp_s * i / n) for i in indices)))
     return asyncio.run(all_clients())
 
 
-async def run(args: argparse.Namespace) -> dict[str, Any]:
-    model_path = Path(tempfile.mkdtemp()) / "model.pt"
-    make_model(model_path, args.vocab)
+def admin(sock: Path, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    status, reply = request(method, path, body, socket_path=sock, timeout=600)
+    return reply
+
+
+def run_daemon(args: argparse.Namespace, model: Path, moves: list[str], tag: str) -> dict[str, Any]:
+    """One daemon, `args.streams` streams, the moves every `args.settle` s once all streams run."""
     sock = Path(tempfile.mkdtemp()) / "admin.sock"
-    first_dev, first_dtype = args.start.split("/")
-    cfg = Config(server=ServerConfig(port=0, max_streams=args.streams + 8, idle_timeout_s=60),
-                 engine=EngineConfig(model=model_path, device=first_dev, dtype=first_dtype),
-                 admin=AdminConfig(socket=sock))
-    state = build_state(cfg, Metrics(process=False))
-    steps: list[tuple[float, float]] = []  # (completion time, seconds)
-    prev = state.engine._on_step
-
-    def on_step(seconds: float, batch: int) -> None:
-        steps.append((time.monotonic(), seconds))
-        if prev:
-            prev(seconds, batch)
-
-    state.engine._on_step = on_step
-    app = App(state)
-    started: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-    server = asyncio.create_task(app.serve(started))
-    port = await started
-    url = f"ws://127.0.0.1:{port}"
-    loop = asyncio.get_running_loop()
+    device, dtype = args.start.split("/")
+    daemon = load.Daemon(str(model), device, dtype, args.streams + 8,
+                         ["--right-context", str(CHUNK_RC[args.chunk_ms]), "--workers", str(args.workers),
+                          "--admission", "max_streams", "--batch-wait-ms", str(args.batch_wait_ms),
+                          "--admin-socket", str(sock)],
+                         log_path=Path(args.out).with_suffix(f".{tag}.daemon.log"))
     procs = max(1, min(args.client_procs, args.streams))
     pool = ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("spawn"))
-    clients = [loop.run_in_executor(pool, client_process, url, args.seconds, list(range(p, args.streams, procs)))
-               for p in range(procs)]
-    t_wait = time.monotonic()
-    while len(state.live) < args.streams:  # the client processes start (and import) first
-        if time.monotonic() - t_wait > 120:
-            raise SystemExit(f"only {len(state.live)} of {args.streams} streams connected in 120 s")
-        await asyncio.sleep(0.1)
-    await asyncio.sleep(args.settle)
-    moves = []
-    for move in args.moves.split(","):
-        device, dtype = move.split("/")
-        if torch.cuda.is_available():
-            for d in range(torch.cuda.device_count()):
-                with torch.cuda.device(d):
-                    torch.cuda.reset_peak_memory_stats()
-        t_call = time.monotonic()
-        report = await app.control.migrate(device, dtype)
-        t_done = time.monotonic()
-        await asyncio.sleep(args.settle)
-        decoder = state.engine.recognizer.search  # the target's, re-captured on its first chunk
-        recapture_ms = round(getattr(decoder, "last_capture_ms", 0.0), 1) if getattr(decoder, "rebuilds", 0) else None
-        last_before = max((t for t, _ in steps if t <= t_done), default=t_call)
-        after = [(t, s) for t, s in steps if t > t_done]
-        first_after = after[0] if after else (float("nan"), float("nan"))
-        median = statistics.median(s for _, s in steps[-200:]) if steps else float("nan")
-        moves.append({
-            "move": move, "ok": report.ok, "error": report.error, "prepare_ms": round(report.prepare_ms, 1),
-            "pause_ms": round(report.pause_ms, 1),
-            "serving_gap_ms": round((first_after[0] - last_before) * 1000, 1),
-            "first_step_after_ms": round(first_after[1] * 1000, 1), "median_step_ms": round(median * 1000, 1),
-            "recapture_ms": recapture_ms,  # part of the first step after; None: eager decoder (CPU)
-            "peak_gpu_mem_gb": {f"cuda:{d}": round(torch.cuda.max_memory_allocated(d) / 2**30, 2)
-                                for d in range(torch.cuda.device_count())} if torch.cuda.is_available() else {},
-            "streams_live": report.streams,
-        })
-        print(moves[-1], flush=True)
-    # the seed scenario: a plain .to() between steps, no admin path
-    plain = {}
-    if torch.cuda.is_available():
-        n0 = len(steps)
-        await state.engine.call(lambda rec: rec.model.to(torch.bfloat16))
-        await asyncio.sleep(args.settle)
-        plain = {"plain_to_bf16_steps_after": len(steps) - n0, "dtype_now": state.dtype}
-        print(plain, flush=True)
-    logs = [log for chunk in await asyncio.gather(*clients) for log in chunk]
-    pool.shutdown()
-    state.shutdown.set()
-    await server
-    dropped = sum(1 for g in logs if g.get("closed") != 1000 or "summary" not in g)
-    lags = sorted(lag for g in logs for _, lag in g["lags"])
-    lag_pct = {f"p{q}": round(lags[min(len(lags) - 1, int(q / 100 * len(lags)))], 3) for q in (50, 90, 95, 99)} if lags else {}
-    return {"machine": machine(), "streams": args.streams, "seconds": args.seconds, "moves": moves,
-            "plain_to": plain, "streams_dropped": dropped, "result_lag_s_all_phases": lag_pct,
-            "results_per_stream_min": min(len(g["results"]) for g in logs)}
+    reports: list[dict[str, Any]] = []
+    try:
+        url = daemon.wait_serving(timeout=900)
+        ramp_s = min(2.0, args.settle / 2)
+        start_at = time.time() + 3.0  # the client processes start (and import) first
+        seconds = args.settle * (len(moves) + 1) + ramp_s
+        jobs = [pool.submit(client_process, url, list(range(p, args.streams, procs)), seconds, start_at, ramp_s)
+                for p in range(procs)]
+        time.sleep(max(0.0, start_at + ramp_s + args.settle - time.time()))
+        for move in moves:
+            dev, dt = move.split("/")
+            t = time.time()
+            reply = admin(sock, "POST", "/v1/migrate", {"device": dev, "dtype": dt})
+            report = reply.get("migration", {})
+            time.sleep(max(0.0, t + args.settle - time.time()))
+            status = admin(sock, "GET", "/v1/status")
+            reports.append({"move": move, "at": t, "ok": reply.get("ok", False), "error": report.get("error", ""),
+                            "pause_ms": report.get("pause_ms"), "recapture_ms": report.get("recapture_ms"),
+                            "graphs": report.get("graphs"), "serving_gap_ms": report.get("serving_gap_ms"),
+                            "streams_live": report.get("streams"), "encoder": status.get("encoder"),
+                            "decoder": status.get("decoder"), "eager_reason": status.get("eager_reason")})
+            print(f"  [{tag}] {reports[-1]}", flush=True)
+        logs = [log for job in jobs for log in job.result()]
+    finally:
+        pool.shutdown()
+        code = daemon.stop()
+        if code not in (0, None):
+            print(f"  daemon exit code {code}; last log lines:\n    " + "\n    ".join(daemon.log), flush=True)
+    for r in reports:  # what clients saw in the settle time after each move
+        lat = sorted(x for log in logs for t, x in log["results"] if r["at"] <= t < r["at"] + args.settle)
+        r["latency_p95_s"] = round(lat[min(len(lat) - 1, int(0.95 * len(lat)))], 3) if lat else None
+        r["latency_max_s"] = round(lat[-1], 3) if lat else None
+    dropped = [log["index"] for log in logs if log["closed"] != 1000 or not log.get("summary") or log["error"]]
+    return {"moves": reports, "streams_dropped": len(dropped), "dropped": dropped[:20],
+            "errors": sorted({log["error"] for log in logs if log["error"]})[:5],
+            "tokens": {log["index"]: log["tokens"] for log in logs}}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    model = Path(args.model) if args.model else Path(tempfile.mkdtemp()) / "model.pt"
+    if not args.model:
+        make_model(model, args.vocab)
+    moves = [m for m in args.moves.split(",") if m]
+    moved = run_daemon(args, model, moves, "moved")
+    out: dict[str, Any] = {"machine": machine(), "streams": args.streams, "chunk_ms": args.chunk_ms,
+                           "workers": args.workers, "start": args.start, "admission": "max_streams",
+                           "moves": moved["moves"], "streams_dropped": moved["streams_dropped"],
+                           "dropped": moved["dropped"], "errors": moved["errors"]}
+    fp32_only = all(m.endswith("/fp32") for m in [args.start, *moves])
+    if args.compare and fp32_only:
+        still = run_daemon(args, model, [], "unmoved")
+        same = [i for i, toks in moved["tokens"].items() if still["tokens"].get(i) == toks]
+        out["tokens_identical_to_unmoved"] = f"{len(same)} of {len(moved['tokens'])}"
+        out["tokens_total"] = sum(len(t) for t in moved["tokens"].values())
+    return out
 
 
 def machine() -> dict[str, Any]:
@@ -204,24 +221,38 @@ def machine() -> dict[str, Any]:
             "cuda": torch.version.cuda, "gpus": [torch.cuda.get_device_name(d) for d in range(torch.cuda.device_count())]}
 
 
+def fmt(x: Any) -> str:
+    return "-" if x is None else f"{x:.1f}" if isinstance(x, float) else str(x)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--streams", type=int, default=256)
-    ap.add_argument("--seconds", type=float, default=40.0, help="audio per stream")
+    ap.add_argument("--streams", type=int, default=16)
+    ap.add_argument("--chunk-ms", type=int, default=160, choices=sorted(CHUNK_RC))
+    ap.add_argument("--workers", type=int, default=2, help="front-end processes of the daemon (`serve --workers`)")
     ap.add_argument("--start", default="cpu/fp32", help="DEVICE/DTYPE the daemon starts on")
-    ap.add_argument("--moves", default="cuda:0/fp32,cuda:0/bf16,cuda:0/fp32,cpu/fp32,cuda:0/fp32")
-    ap.add_argument("--settle", type=float, default=4.0, help="seconds between moves")
+    ap.add_argument("--moves", default="cpu/bf16,cpu/fp32", help="DEVICE/DTYPE of each move, in order")
+    ap.add_argument("--settle", type=float, default=10.0, help="seconds between moves (and measured after each)")
+    ap.add_argument("--compare", action=argparse.BooleanOptionalAction, default=True,
+                    help="when every placement is fp32: also run an unmoved daemon and compare tokens")
+    ap.add_argument("--batch-wait-ms", type=int, default=2)
+    ap.add_argument("--model", default="", help="a streamd checkpoint (default: a random FastConformer-L)")
     ap.add_argument("--vocab", type=int, default=1024)
     ap.add_argument("--client-procs", type=int, default=8, help="processes the client streams run in")
     ap.add_argument("--out", default="bench_migration.json")
     args = ap.parse_args()
-    result = asyncio.run(run(args))
-    print(f"{'move':<16}{'ok':<4}{'pause ms':>10}{'gap ms':>10}{'1st step':>10}{'capture':>9}{'median':>9}  peak GPU GB")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # thousands of client sockets
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    result = run(args)
+    print(f"{'move':<16}{'ok':<4}{'pause ms':>10}{'capture ms':>11}{'gap ms':>9}{'p95 s':>8}{'max s':>8}  graphs now")
     for m in result["moves"]:
-        print(f"{m['move']:<16}{'y' if m['ok'] else 'n':<4}{m['pause_ms']:>10}{m['serving_gap_ms']:>10}"
-              f"{m['first_step_after_ms']:>10}{str(m['recapture_ms']):>9}{m['median_step_ms']:>9}  {m['peak_gpu_mem_gb']}")
-    print(f"streams dropped: {result['streams_dropped']} of {result['streams']}; result lag (s) {result['result_lag_s_all_phases']}; "
-          f"machine {result['machine']}")
+        print(f"{m['move']:<16}{'y' if m['ok'] else 'n':<4}{fmt(m['pause_ms']):>10}{fmt(m['recapture_ms']):>11}"
+              f"{fmt(m['serving_gap_ms']):>9}{fmt(m['latency_p95_s']):>8}{fmt(m['latency_max_s']):>8}  "
+              f"encoder {m['encoder']}, decoder {m['decoder']}{' (' + m['eager_reason'] + ')' if m['eager_reason'] else ''}")
+    print(f"{result['streams']} streams at {result['chunk_ms']} ms, {result['workers']} front ends; dropped: "
+          f"{result['streams_dropped']}{' ' + str(result['errors']) if result['errors'] else ''}"
+          + (f"; tokens identical to the unmoved run: {result['tokens_identical_to_unmoved']}"
+             if "tokens_identical_to_unmoved" in result else ""))
     Path(args.out).write_text(json.dumps(result, indent=2))
 
 

@@ -2,7 +2,7 @@
 # Everything that needs a GPU, in one call on the device machine (results under $OUT or ./gpu-out):
 # the `cuda`-marked tests, the decoder benchmark, the live-migration benchmark and the load test.
 # Carries: .whl (websockets, soxr wheels for the image's Python; see README "GPU runs").
-#   bash scripts/gpu_suite.sh [tests|bench|all|capacity|scale]
+#   bash scripts/gpu_suite.sh [tests|bench|all|capacity|scale|migration]
 # `capacity` (about 6.5 minutes, 4 files): the encoder-step `cuda` tests, then
 # scripts/bench_capacity.py (engine-only vs daemon end-to-end capacity of a random FastConformer-L,
 # 160 and 1120 ms chunks, bf16, graphs on; graphs off and fp32 as its time budget allows:
@@ -20,20 +20,36 @@ fi
 export PYTHONUNBUFFERED=1
 what=${1:-all}
 status=0
+# The live-migration benchmark (issue 26): a real `streamd serve --workers` moved by the admin API.
+# MIGRATION_STREAMS_160 / _1120 (bf16 <-> fp16 and bf16 <-> fp32 moves), MIGRATION_CPU_STREAMS
+# (fp32 cuda:0 -> cpu -> cuda:0, tokens compared with an unmoved run), MIGRATION_WORKERS.
+migration() {
+  python3 -c "import sys; sys.path.insert(0, 'scripts'); from bench_migration import make_model; make_model('/tmp/fcl.pt', 1024)" || return 1
+  local w=${MIGRATION_WORKERS:-8}
+  for spec in "160:${MIGRATION_STREAMS_160:-1500}:bf16:cuda:0/fp16,cuda:0/bf16" "160:${MIGRATION_STREAMS_160:-1500}:bf16:cuda:0/fp32,cuda:0/bf16" \
+              "1120:${MIGRATION_STREAMS_1120:-4500}:bf16:cuda:0/fp32,cuda:0/bf16" \
+              "160:${MIGRATION_CPU_STREAMS:-16}:fp32:cpu/fp32,cuda:0/fp32"; do
+    IFS=: read -r chunk n dtype moves <<< "$spec"
+    timeout ${MIGRATION_TIMEOUT_S:-300} python3 scripts/bench_migration.py --model /tmp/fcl.pt --streams "$n" --chunk-ms "$chunk" \
+      --workers "$w" --start "cuda:0/$dtype" --moves "$moves" --settle ${MIGRATION_SETTLE_S:-10} \
+      --out "$OUT/bench_migration-$chunk-$n-$dtype-${moves//[\/,:]/_}.json" 2>&1 | grep -v -e Warning -e _VF.lstm \
+      | tee -a "$OUT/bench_migration.log" || status=1
+  done
+}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 if [ "$what" = tests ] || [ "$what" = all ]; then
   python3 -m pytest -q -m cuda -p no:cacheprovider tests 2>&1 | tee "$OUT/cuda-tests.log" || status=1
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   python3 scripts/bench_decoder.py --out "$OUT/bench_decoder.json" 2>&1 | tee "$OUT/bench_decoder.log" || status=1
-  python3 scripts/bench_migration.py --streams 256 --seconds 45 --out "$OUT/bench_migration.json" \
-    2>&1 | tee "$OUT/bench_migration.log" || status=1
-  python3 scripts/bench_migration.py --streams 256 --seconds 30 --start cuda:0/fp32 \
-    --moves cuda:0/bf16,cuda:0/fp32,cuda:0/bf16,cuda:0/fp32 --out "$OUT/bench_migration_gpu.json" \
-    2>&1 | tee "$OUT/bench_migration_gpu.log" || status=1
+  migration
   python3 scripts/load.py --model "${LOAD_MODEL:-streamd/assets/default-model.pt}" --device cuda --dtype bf16 \
     --start 16 --max-streams 1024 --client-procs 8 --seconds 20 --json "$OUT/load.json" ${LOAD_WAVS:-} \
     2>&1 | tee "$OUT/load.log" || status=1
+fi
+if [ "$what" = migration ]; then
+  timeout 150 python3 -m pytest -q -m cuda -p no:cacheprovider tests/engine/test_migration_cuda.py 2>&1 | tee "$OUT/cuda-tests.log" || status=1
+  migration
 fi
 if [ "$what" = capacity ]; then
   timeout 150 python3 -m pytest -q -m cuda -p no:cacheprovider tests/engine 2>&1 | tee "$OUT/cuda-tests.log" || status=1

@@ -1,0 +1,140 @@
+"""Migration and CUDA graph capture on a GPU: a migration prepared while the engine thread
+captures graphs succeeds and breaks no capture; a capture that fails (a synchronize inside it:
+CUDA invalidates the capture) does not poison the next capture into the same memory pool; the
+target's graphs are captured before the cut-over, so the steps after it capture nothing."""
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import random_model
+from streamd.decoding.graphs import EAGER as DEC_EAGER, GraphGreedyLabelLooping, SharedPoolBackend, make_decoder
+from streamd.engine.encoder_step import GRAPHS, EncoderGraphBackend, EncoderStep, make_encoder_step
+from streamd.engine.engine import Engine
+from streamd.engine.recognizer import Recognizer
+from test_encoder_step import CONTEXT, inputs
+
+pytestmark = pytest.mark.cuda
+
+
+class FailsOnce(EncoderGraphBackend):
+    """The first capture synchronises inside the graph: CUDA invalidates it."""
+
+    def __init__(self) -> None:
+        self.failed = False
+
+    def capture(self, device: torch.device, fn: Any, pool: Any) -> Any:
+        if self.failed:
+            return super().capture(device, fn, pool)
+        self.failed = True
+
+        def bad() -> None:
+            fn()
+            torch.cuda.synchronize()
+        return super().capture(device, bad, pool)
+
+
+def test_a_failed_encoder_capture_does_not_poison_the_next() -> None:
+    m = random_model(7, att_context_sizes=CONTEXT).cuda()
+    reasons: list[str] = []
+    step = EncoderStep(m.encoder, GRAPHS, max_batch=64, backend=FailsOnce(), on_fallback=reasons.append)
+    rng = np.random.default_rng(0)
+    cache = m.encoder.init_cache(64, CONTEXT[0], m.device, m.dtype)
+    for b in (64, 16, 4, 1):  # one pool: the first capture fails, the others go into the same pool
+        step(cache, torch.arange(b, device="cuda"), *inputs(m, b, rng), att_context=CONTEXT[0])
+    assert len(reasons) == 1 and step.fallbacks == 1, reasons
+    assert step.buckets == [1, 4, 16] and step.mode == GRAPHS and step.eager_reason == ""
+    assert torch.cuda.current_stream() == torch.cuda.default_stream()
+
+
+class DecoderFailsOnce(SharedPoolBackend):
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = False
+
+    def capture(self, device: torch.device, steps: dict[str, Any], warmup: Any) -> dict[str, Any]:
+        if not self.failed:
+            self.failed = True
+            inner = steps["inner"]
+
+            def bad() -> None:
+                inner()
+                torch.cuda.synchronize()
+            steps = {**steps, "inner": bad}
+        return super().capture(device, steps, warmup)
+
+
+def test_a_failed_decoder_capture_does_not_poison_the_next() -> None:
+    m = random_model(3).cuda()
+    backend = DecoderFailsOnce()
+    enc = torch.randn(8, 5, m.dims.d_model, device="cuda")
+    lengths = torch.full((8,), 5, device="cuda")
+    first = GraphGreedyLabelLooping(m.decoder, m.joint, m.dims.blank_id, max_batch=8, backend=backend)
+    first(enc, lengths)
+    assert first.mode == DEC_EAGER and "capture failed" in (first.fallback_reason or "")
+    second = GraphGreedyLabelLooping(m.decoder, m.joint, m.dims.blank_id, max_batch=8, backend=backend)  # same pool
+    second(enc, lengths)
+    assert second.mode != DEC_EAGER and second.eager_reason == ""
+
+
+def engine_on_cuda(master: Any, slots: int, fallbacks: list[str]) -> tuple[Engine, Recognizer]:
+    rec = Recognizer(copy.deepcopy(master).cuda(), slots, CONTEXT[0],
+                     search_factory=lambda m: make_decoder(m, "auto", per_octave=4),
+                     encoder_factory=lambda m: make_encoder_step(m, "auto", slots, fallbacks.append),
+                     keep_transcripts=False)
+    return Engine(rec, max_batch=slots, batch_wait_s=0.02), rec
+
+
+def test_a_migration_prepared_while_the_engine_captures_breaks_nothing() -> None:
+    """The collision of the field report: the target is copied, probed and its graphs captured
+    (with synchronize and empty_cache calls) while the engine thread captures its own graphs.
+    Both succeed; the steps after the cut-over replay the target's prepared graphs."""
+    master = random_model(5, att_context_sizes=CONTEXT, d_model=128, n_layers=4, subsampling_channels=64)
+    fallbacks: list[str] = []
+    rng = np.random.default_rng(1)
+
+    async def main() -> None:
+        engine, rec = engine_on_cuda(master, 96, fallbacks)
+        engine.start()
+        try:
+            for _ in range(3):  # each round: a migration while the engine thread captures every bucket
+                await engine.call(lambda r: (r.encoder_step.reset(), r.search.reset()))
+                capturing = asyncio.ensure_future(engine.call(lambda r: r.capture_graphs(96)))
+                await asyncio.sleep(0.05)
+                to = torch.bfloat16 if engine.status.dtype == "fp32" else torch.float32
+                report = await engine.migrate(master, None, to)
+                sizes = await capturing
+                assert report.ok, report
+                assert sizes and fallbacks == [], fallbacks
+            assert await engine.call(lambda r: r.capture_graphs(96))  # every bucket, for the last move to prepare
+            enc_sizes, dec_sizes = rec.graph_sizes()
+            assert enc_sizes and dec_sizes
+            sessions = [await engine.open() for _ in range(40)]
+            chunk = rec.geometry.samples_for(rec.geometry.frames_after(1))
+            before = rec.encoder_step.captures
+            for s in sessions:
+                engine.push(s, rng.standard_normal(chunk).astype(np.float32) * 0.1)
+            for s in sessions:
+                assert await asyncio.wait_for(s.results.get(), 60) is not None
+            report = await engine.migrate(master, None, torch.float32 if engine.status.dtype == "bf16" else torch.bfloat16)
+            assert report.ok and report.graphs and report.recapture_ms > 0, report
+            prepared = rec.encoder_step.captures
+            for _ in range(3):
+                for s in sessions:
+                    engine.push(s, rng.standard_normal(rec.geometry.chunk_ms * 16).astype(np.float32) * 0.1)
+                for s in sessions:
+                    assert await asyncio.wait_for(s.results.get(), 60) is not None
+            assert rec.encoder_step.captures == prepared > 0  # nothing captured after the cut-over
+            assert engine.status.encoder == "graphs" and engine.status.decoder != "eager"
+            assert engine.status.eager_reason == "" and fallbacks == []
+            print(f"before {before}; last move: pause {report.pause_ms:.1f} ms, gap {report.serving_gap_ms} ms, "
+                  f"{report.graphs} captured in {report.recapture_ms:.0f} ms")
+        finally:
+            await engine.stop()
+
+    asyncio.run(main())
