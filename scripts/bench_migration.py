@@ -148,8 +148,9 @@ def admin(sock: Path, method: str, path: str, body: dict[str, Any] | None = None
     return reply
 
 
-def run_daemon(args: argparse.Namespace, model: Path, moves: list[str], tag: str) -> dict[str, Any]:
-    """One daemon, `args.streams` streams, the moves every `args.settle` s once all streams run."""
+def run_daemon(args: argparse.Namespace, model: Path, moves: list[str], tag: str, seconds: float) -> dict[str, Any]:
+    """One daemon, `args.streams` streams of `seconds` of audio, the moves every `args.settle` s
+    once all streams run."""
     sock = Path(tempfile.mkdtemp()) / "admin.sock"
     device, dtype = args.start.split("/")
     daemon = load.Daemon(str(model), device, dtype, args.streams + 8,
@@ -164,7 +165,6 @@ def run_daemon(args: argparse.Namespace, model: Path, moves: list[str], tag: str
         url = daemon.wait_serving(timeout=900)
         ramp_s = min(2.0, args.settle / 2)
         start_at = time.time() + 3.0  # the client processes start (and import) first
-        seconds = args.settle * (len(moves) + 1) + ramp_s
         jobs = [pool.submit(client_process, url, list(range(p, args.streams, procs)), seconds, start_at, ramp_s)
                 for p in range(procs)]
         time.sleep(max(0.0, start_at + ramp_s + args.settle - time.time()))
@@ -202,14 +202,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if not args.model:
         make_model(model, args.vocab)
     moves = [m for m in args.moves.split(",") if m]
-    moved = run_daemon(args, model, moves, "moved")
+    seconds = args.settle * (len(moves) + 1) + min(2.0, args.settle / 2)  # audio per stream
+    moved = run_daemon(args, model, moves, "moved", seconds)
     out: dict[str, Any] = {"machine": machine(), "streams": args.streams, "chunk_ms": args.chunk_ms,
                            "workers": args.workers, "start": args.start, "admission": "max_streams",
                            "moves": moved["moves"], "streams_dropped": moved["streams_dropped"],
                            "dropped": moved["dropped"], "errors": moved["errors"]}
     fp32_only = all(m.endswith("/fp32") for m in [args.start, *moves])
     if args.compare and fp32_only:
-        still = run_daemon(args, model, [], "unmoved")
+        still = run_daemon(args, model, [], "unmoved", seconds)
         same = [i for i, toks in moved["tokens"].items() if still["tokens"].get(i) == toks]
         out["tokens_identical_to_unmoved"] = f"{len(same)} of {len(moved['tokens'])}"
         out["tokens_total"] = sum(len(t) for t in moved["tokens"].values())
