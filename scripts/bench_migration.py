@@ -52,6 +52,7 @@ from streamd.model.transducer import Transducer  # noqa: E402
 
 CHUNK_RC = {80: 0, 160: 1, 560: 6, 1120: 13}  # chunk ms -> right context
 SEND_S = 0.1  # clients send 100 ms of audio per message
+PREPARE_ALLOWANCE_S = 15.0  # audio per stream added per move on a GPU: the target's graphs are captured first
 
 FASTCONFORMER_L = dict(d_model=512, n_layers=17, n_heads=8, subsampling_channels=256, pred_hidden=640,
                        joint_hidden=640, ctc_head=True)
@@ -173,9 +174,11 @@ def run_daemon(args: argparse.Namespace, model: Path, moves: list[str], tag: str
             t = time.time()
             reply = admin(sock, "POST", "/v1/migrate", {"device": dev, "dtype": dt})
             report = reply.get("migration", {})
-            time.sleep(max(0.0, t + args.settle - time.time()))
+            done = time.time()  # the preparation (graphs captured while serving) took done - t of it
+            time.sleep(max(0.0, done + args.settle - time.time()))
             status = admin(sock, "GET", "/v1/status")
-            reports.append({"move": move, "at": t, "ok": reply.get("ok", False), "error": report.get("error", ""),
+            reports.append({"move": move, "at": t, "until": done + args.settle, "ok": reply.get("ok", False),
+                            "error": report.get("error", ""), "prepare_ms": report.get("prepare_ms"),
                             "pause_ms": report.get("pause_ms"), "recapture_ms": report.get("recapture_ms"),
                             "graphs": report.get("graphs"), "serving_gap_ms": report.get("serving_gap_ms"),
                             "streams_live": report.get("streams"), "encoder": status.get("encoder"),
@@ -187,8 +190,8 @@ def run_daemon(args: argparse.Namespace, model: Path, moves: list[str], tag: str
         code = daemon.stop()
         if code not in (0, None):
             print(f"  daemon exit code {code}; last log lines:\n    " + "\n    ".join(daemon.log), flush=True)
-    for r in reports:  # what clients saw in the settle time after each move
-        lat = sorted(x for log in logs for t, x in log["results"] if r["at"] <= t < r["at"] + args.settle)
+    for r in reports:  # what clients saw from the admin call (preparation included) to `settle` s after it returned
+        lat = sorted(x for log in logs for t, x in log["results"] if r["at"] <= t < r["until"])
         r["latency_p95_s"] = round(lat[min(len(lat) - 1, int(0.95 * len(lat)))], 3) if lat else None
         r["latency_max_s"] = round(lat[-1], 3) if lat else None
     dropped = [log["index"] for log in logs if log["closed"] != 1000 or not log.get("summary") or log["error"]]
@@ -202,7 +205,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if not args.model:
         make_model(model, args.vocab)
     moves = [m for m in args.moves.split(",") if m]
-    seconds = args.settle * (len(moves) + 1) + min(2.0, args.settle / 2)  # audio per stream
+    seconds = args.seconds or (args.settle * (len(moves) + 1) + min(2.0, args.settle / 2)
+                               + (PREPARE_ALLOWANCE_S * len(moves) if "cuda" in args.start + args.moves else 0))
     moved = run_daemon(args, model, moves, "moved", seconds)
     out: dict[str, Any] = {"machine": machine(), "streams": args.streams, "chunk_ms": args.chunk_ms,
                            "workers": args.workers, "start": args.start, "admission": "max_streams",
@@ -234,6 +238,8 @@ def main() -> None:
     ap.add_argument("--start", default="cpu/fp32", help="DEVICE/DTYPE the daemon starts on")
     ap.add_argument("--moves", default="cpu/bf16,cpu/fp32", help="DEVICE/DTYPE of each move, in order")
     ap.add_argument("--settle", type=float, default=10.0, help="seconds between moves (and measured after each)")
+    ap.add_argument("--seconds", type=float, default=0.0,
+                    help="audio per stream (default: enough for the moves; every stream must outlast them)")
     ap.add_argument("--compare", action=argparse.BooleanOptionalAction, default=True,
                     help="when every placement is fp32: also run an unmoved daemon and compare tokens")
     ap.add_argument("--batch-wait-ms", type=int, default=2)

@@ -28,8 +28,10 @@ and captures again lazily, bucket by bucket, as buckets are used. Nothing device
 exists before the first call, so a plain `model.to(...)` (another GPU, bf16, the CPU and back)
 needs no notification. An in-place weight update keeps the storage, and the graphs read the new
 values. A capture that fails (out of memory, a kernel that cannot be captured) logs a warning
-and calls `on_fallback`; that bucket then runs eagerly until the key changes. Serving never
-breaks on it.
+and calls `on_fallback`; that bucket then runs eagerly until the key changes (`eager_reason`
+says why), and the pool stays usable for the next capture (`streamd.cuda_capture`). Serving
+never breaks on it. `prepare` captures given batch sizes ahead of their calls (a migration's
+target, off the engine thread).
 """
 from __future__ import annotations
 

@@ -21,8 +21,11 @@ def test_expected_series_exist_at_zero() -> None:
                  "streamd_decode_step_seconds_count", "streamd_batch_size_count",
                  "streamd_partial_latency_seconds_count",
                  "streamd_final_latency_seconds_count", "streamd_realtime_factor",
-                 "streamd_migration_pause_seconds_count", "streamd_cuda_graph_fallbacks_total"):
+                 "streamd_migration_pause_seconds_count", "streamd_cuda_graph_fallbacks_total",
+                 "streamd_migration_recapture_seconds_count", "streamd_migration_serving_gap_seconds_count"):
         assert got[(name, ())] == 0.0, name
+    for part in ("encoder", "decoder"):
+        assert got[("streamd_cuda_graphs_in_use", (("part", part),))] == 0.0
     for reason in REJECTION_REASONS:
         assert got[("streamd_connections_rejected_total", (("reason", reason),))] == 0.0
     for result in MIGRATION_RESULTS:
