@@ -43,7 +43,7 @@ log = logging.getLogger("streamd.engine")
 
 StepObserver = Callable[[float, int], None]  # (seconds, batch size)
 STEP_POLL_S = 0.0005  # while a step runs on the device: how often the engine thread checks it
-GAP_WAIT_S = 3.0  # how long a migration waits for the first step after its cut-over (its serving gap)
+GAP_WAIT_S = 3.0  # the most a migration waits for the first step after its cut-over (its serving gap)
 
 
 class StreamFailed(RuntimeError):
@@ -283,8 +283,9 @@ class Engine:
         now) while streams go on (see `engine/migration.py`): the copy is made and probed, and
         its CUDA graphs captured, off the engine thread, then swapped in between two steps with
         every live stream's state. On failure the engine keeps serving where it was; the
-        report says why. One at a time. Returns once the first step after the cut-over has
-        delivered its results (at most `GAP_WAIT_S` later): the report has the serving gap."""
+        report says why. One at a time. When streams had a chunk waiting at the cut-over, returns
+        once the first step after it has delivered its results (at most `GAP_WAIT_S` later): the
+        report has the serving gap."""
         async with self._migrating:
             rec = self.recognizer
             source = placement(rec.model)
@@ -312,23 +313,26 @@ class Engine:
             except Exception as e:  # noqa: BLE001 - whatever failed, serving goes on where it was
                 report.error = str(e) if isinstance(e, (ValueError, MigrationFailed)) else f"{type(e).__name__}: {e}"
                 return report
-            if report.streams:
+            if landed is not None:
                 try:
                     after = await asyncio.wait_for(asyncio.wrap_future(landed), GAP_WAIT_S)
                 except TimeoutError:
-                    pass  # no step since: nothing to measure (the streams sent no audio)
+                    pass  # no step since: nothing to measure
                 else:
                     report.serving_gap_ms = (after - before) * 1000
             return report
 
     def _cut_over(self, rec: Recognizer, target: Transducer, staged: Any, steps: PreparedSteps
-                  ) -> tuple[float, int, float, Future[float]]:
+                  ) -> tuple[float, int, float, Future[float] | None]:
         """`cut_over` on the engine thread; also when the serving gap began (the last landing,
-        at most one chunk before the pause) and a future of the next landing."""
+        at most one chunk before the pause) and, if streams have a chunk waiting, a future of
+        the next landing (None: no stream waits for a step)."""
         paused = time.perf_counter()
         pause_ms, streams = cut_over(rec, target, staged, steps)
-        landed: Future[float] = Future()
-        self._landing.append(landed)
+        landed: Future[float] | None = None
+        if self._count_ready():
+            landed = Future()
+            self._landing.append(landed)
         return pause_ms, streams, max(self._landed_at, paused - rec.geometry.chunk_ms / 1000), landed
 
     def _set_cutting_over(self, on: bool) -> None:

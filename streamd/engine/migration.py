@@ -55,7 +55,7 @@ class MigrationReport:
     recapture_ms: float = 0.0  # part of prepare_ms: the target's CUDA graphs captured
     graphs: str = ""  # the batch sizes captured for the target ("encoder 12, decoder 9"), '' on a CPU
     # last results delivered before the pause -> first after it (at most one chunk counted
-    # before the pause); None: no step ran within `GAP_WAIT_S` after it
+    # before the pause); None: no stream had a chunk waiting at the cut-over, or no step came
     serving_gap_ms: float | None = None
 
     def as_dict(self) -> dict[str, object]:
