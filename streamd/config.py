@@ -100,6 +100,7 @@ class ServerConfig:
     admission: str = "capacity"
     admission_utilization: float = 0.45
     resume_grace_s: float = 30.0
+    utterance_limit_s: float = 120.0
 
     def __post_init__(self) -> None:
         _require(bool(self.host), "server.host", "must not be empty", self.host)
@@ -109,6 +110,8 @@ class ServerConfig:
         _require(0.05 <= self.admission_utilization <= 1, "server.admission_utilization", "must be in 0.05..1",
                  self.admission_utilization)
         _require(self.resume_grace_s >= 0, "server.resume_grace_s", "must not be negative", self.resume_grace_s)
+        _require(0.08 <= self.utterance_limit_s <= MAX_ENDPOINT_MS / 1000, "server.utterance_limit_s",
+                 f"must be in 0.08..{MAX_ENDPOINT_MS // 1000}", self.utterance_limit_s)
         _require(0 <= self.port <= 65535, "server.port", "must be in 0..65535", self.port)
         _require(self.max_streams >= 1, "server.max_streams", "must be at least 1", self.max_streams)
         _require(self.max_message_bytes >= 1024, "server.max_message_bytes", "must be at least 1024",
@@ -193,6 +196,13 @@ class EndpointingConfig:
     def enabled(self) -> bool:
         """True when at least one rule is active."""
         return any(getattr(self, f.name) for f in fields(self))
+
+    def capped(self, limit_ms: int) -> EndpointingConfig:
+        """These rules with `max_utterance_ms` at most `limit_ms` (the server's `utterance_limit_s`,
+        which no stream can switch off: 0 becomes the limit)."""
+        if 0 < self.max_utterance_ms <= limit_ms:
+            return self
+        return EndpointingConfig(self.silence_after_speech_ms, self.silence_without_speech_ms, limit_ms)
 
 
 @dataclass(frozen=True)
@@ -378,6 +388,8 @@ SETTINGS: tuple[Setting, ...] = (
             "(results come about chunk x (1 + 2 x this) after their audio)"),
     Setting("server", "resume_grace_s", _to_float,
             "keep a stream whose connection dropped this long for its client to resume it (0 = never)"),
+    Setting("server", "utterance_limit_s", _to_float,
+            "cut every utterance at this length whatever a stream asks (its max_utterance_ms is capped to it)"),
     Setting("engine", "model", _to_path, "model file (.nemo or .pt)", "the shipped model"),
     Setting("engine", "device", _to_str, "auto, cpu, cuda or cuda:N"),
     Setting("engine", "dtype", _to_str, "fp32, bf16 or fp16"),

@@ -139,7 +139,8 @@ class Connection:
     def __init__(self, ws: ServerConnection, state: StreamContext) -> None:
         self.ws, self.state = ws, state
         self.session = StreamSession(state.geometry, state.tokenizer, state.config.endpointing,
-                                     state.metrics.count_endpoint, state.config.gate)
+                                     state.metrics.count_endpoint, state.config.gate,
+                                     utterance_limit_ms=round(state.config.server.utterance_limit_s * 1000))
         self.id = session_id_of(ws)
         self.log_id = log_name(self.id)  # logs never hold the session id (nor its resume secret)
         # Resume (streamd.server.resume): native streams record what they send once `start` is

@@ -366,7 +366,7 @@ class RealtimeConnection(Connection):
             await self._speech_started(result, item)
             await self._delta(result, item)
             return
-        if result.reason in ("endpoint", "max_utterance"):
+        if result.reason in ("endpoint", "max_utterance") and self.config.vad:
             await self._speech_started(result, item)
             await self._event("input_audio_buffer.speech_stopped", audio_end_ms=_ms(result.end), item_id=item)
         elif result.reason == "end_of_stream" and not result.text:

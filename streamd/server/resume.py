@@ -37,6 +37,7 @@ from websockets.asyncio.server import ServerConnection
 
 SESSION_HEADER = "X-Streamd-Session"
 RING = 4096  # messages kept per session for a replay
+RING_BYTES = 1 << 20  # and at most this much text: the oldest go first
 
 _session_ids: weakref.WeakKeyDictionary[ServerConnection, str] = weakref.WeakKeyDictionary()
 
@@ -67,10 +68,17 @@ class ResumeState:
     audio_bytes: int = 0  # audio bytes received from the client, over all its connections
     finalizes: int = 0  # `finalize` messages received
     sent: deque[tuple[int, str]] = field(default_factory=lambda: deque(maxlen=RING))
+    sent_chars: int = 0  # of the messages in `sent`
 
     def record(self, seq: int, text: str) -> None:
-        """Keep a message sent (or meant to be sent) to the client."""
+        """Keep a message sent (or meant to be sent) to the client: the last `RING` of them, and
+        no more than `RING_BYTES` of text (about: characters are counted)."""
+        if len(self.sent) == RING:
+            self.sent_chars -= len(self.sent[0][1])
         self.sent.append((seq, text))
+        self.sent_chars += len(text)
+        while self.sent_chars > RING_BYTES and len(self.sent) > 1:
+            self.sent_chars -= len(self.sent.popleft()[1])
 
     def after(self, last_seq: int) -> list[str] | None:
         """The messages after `last_seq`, or None when some of them are no longer kept (or
