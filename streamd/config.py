@@ -36,6 +36,7 @@ BACKLOG_POLICIES = ("pace", "close")
 ADMISSION_POLICIES = ("capacity", "max_streams")
 _DEVICE_RE = re.compile(r"auto|cpu|cuda(:\d+)?")
 _ORIGIN_RE = re.compile(r"(https?://[^/\s?#]+|null)")
+_HOST_RE = re.compile(r"\*|(\*\.)?[a-z0-9_]([a-z0-9_.-]*[a-z0-9_])?")
 
 
 class _InvalidSetting(ConfigError):
@@ -96,6 +97,7 @@ class ServerConfig:
     tls_key: Path | None = None
     token_file: Path | None = None
     allowed_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()
     workers: int = 0
     admission: str = "capacity"
     admission_utilization: float = 0.45
@@ -133,6 +135,11 @@ class ServerConfig:
             _require(origin == "*" or bool(_ORIGIN_RE.fullmatch(origin)), "server.allowed_origins",
                      "must hold * or origins like https://example.com[:port]", origin)
         object.__setattr__(self, "allowed_origins", origins)
+        hosts = tuple(h.strip().lower().rstrip(".") for h in self.allowed_hosts)
+        for host in hosts:
+            _require(bool(_HOST_RE.fullmatch(host)), "server.allowed_hosts",
+                     "must hold * or host names like stt.example.com (no scheme, no port)", host)
+        object.__setattr__(self, "allowed_hosts", hosts)
 
 
 @dataclass(frozen=True)
@@ -379,6 +386,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("server", "allowed_origins", _to_list,
             "browser origins allowed to open streams besides the server's own, comma-separated; * = any",
             "the server's own"),
+    Setting("server", "allowed_hosts", _to_list,
+            "host names a browser may reach the daemon by (DNS rebinding guard), comma-separated; *.example.com "
+            "for subdomains, * = any", "localhost, IP addresses, this machine's name and server.host"),
     Setting("server", "workers", _to_int,
             "websocket front-end processes sharing the port (0: one event loop in the engine's process)"),
     Setting("server", "admission", _to_str,

@@ -59,7 +59,7 @@ class Front:
         """Take `config` (at start and on a reload): the token file is read again."""
         cfg = config.server
         token = read_token(cfg.token_file, "stream token file") if cfg.token_file else None
-        self.access = Access(token, cfg.allowed_origins)
+        self.access = Access(token, cfg.allowed_origins, (*cfg.allowed_hosts, cfg.host, socket.gethostname()))
         self.state.config = config
 
     async def process_request(self, conn: ServerConnection, request: Request) -> Response | None:
