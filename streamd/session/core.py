@@ -160,7 +160,9 @@ class StreamSession:
     def finalize(self, reason: Literal["finalize", "clear"] = "finalize") -> None:
         """End the open segment and open the next. `finalize`: its open utterance becomes a final;
         `clear`: its results from now on are dropped."""
-        assert self.segment is not None
+        assert self.segment is not None and self._pcm is not None
+        if (tail := self._pcm.cut()).size:  # the resampler's held-back audio belongs to this segment
+            self._push(tail)
         self.segment.end_reason = reason
         self._commands.append(End(self.segment))
         self._open(after=self.segment)
