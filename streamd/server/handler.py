@@ -280,18 +280,30 @@ class Connection:
 
     async def _open_segment(self, segment: Segment, after: Segment | None) -> None:
         """An engine stream for `segment`. After `finalize` (`after`: the segment it ended) a full
-        engine waits for that segment's slot: the stream never needs two."""
-        try:
-            engine = await self.state.engine.open()
-        except CapacityError as e:
-            if after is not None:
-                try:
-                    await asyncio.wait_for(self.slots[after].flushed.wait(), self.state.config.server.idle_timeout_s)
-                    return await self._open_segment(segment, None)
-                except TimeoutError:
-                    pass
-            self.state.metrics.rejections.labels(reason="overloaded").inc()
-            raise Overloaded(str(e)) from None
+        engine waits for that segment's slot: the stream never needs two. A new stream (admitted
+        at the handshake, so a slot is being freed: a parked stream's, which is evicted, an evicted
+        one's, or the second slot of another stream's finalize in flight) waits for one up to
+        `idle_timeout_s`."""
+        deadline, pause = time.monotonic() + self.state.config.server.idle_timeout_s, 0.01
+        while True:
+            try:
+                engine = await self.state.engine.open()
+                break
+            except CapacityError as e:
+                if after is not None:
+                    try:
+                        await asyncio.wait_for(self.slots[after].flushed.wait(),
+                                               self.state.config.server.idle_timeout_s)
+                        return await self._open_segment(segment, None)
+                    except TimeoutError:
+                        pass
+                elif time.monotonic() < deadline:
+                    self.state.sessions.evict()
+                    await asyncio.sleep(pause)
+                    pause = min(2 * pause, 0.2)
+                    continue
+                self.state.metrics.rejections.labels(reason="overloaded").inc()
+                raise Overloaded(str(e)) from None
         slot = Slot(segment, engine)
         self.slots[segment] = slot
         await self.opened.put(slot)

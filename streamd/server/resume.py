@@ -124,16 +124,29 @@ class Sessions:
     def __init__(self, grace_s: float) -> None:
         self.grace_s = grace_s
         self._entries: dict[str, _Entry] = {}
+        self._evicted: set[str] = set()  # sessions evicted whose connection has not ended yet
 
     @property
     def parked(self) -> int:
         """Sessions whose connection is gone, waiting for their client."""
         return sum(1 for e in self._entries.values() if e.waiting is not None)
 
+    @property
+    def reclaimable(self) -> int:
+        """Streams whose slot a new stream may take: parked, or evicted and ending now."""
+        return self.parked + len(self._evicted)
+
+    @property
+    def evicted(self) -> int:
+        """Sessions evicted for a new stream whose connection has not ended yet."""
+        return len(self._evicted)
+
     def add(self, state: ResumeState, drop: Callable[[], None], handoff: Callable[[], None]) -> None:
         self._entries[state.session_id] = _Entry(state, drop, handoff)
 
     def remove(self, session_id: str) -> None:
+        """The session's connection ended."""
+        self._evicted.discard(session_id)
         entry = self._entries.pop(session_id, None)
         if entry is not None and entry.pending is not None:
             entry.pending.release()
@@ -187,7 +200,9 @@ class Sessions:
         parked = [e for e in self._entries.values() if e.waiting is not None and not e.waiting.done()]
         if not parked:
             return False
-        self._forget(min(parked, key=lambda e: e.parked_at))
+        oldest = min(parked, key=lambda e: e.parked_at)
+        self._evicted.add(oldest.state.session_id)  # its slot counts as free until it has ended
+        self._forget(oldest)
         return True
 
     def handoff(self) -> int:

@@ -277,3 +277,68 @@ def test_only_the_owner_resumes_a_session_and_logs_hold_no_id_or_secret(caplog: 
     assert "parked" in logged and "resumed after seq" in logged
     leaked = [s for s in seen if s in logged]
     assert not leaked, f"session ids or secrets in the log: {leaked}"
+
+
+async def _park(url: str, app: Any, n: int) -> None:
+    """`n` streams whose clients vanish (TCP reset): parked."""
+    for _ in range(n):
+        ws = await websockets.connect(url + "/v1/stream")
+        await ws.send(json.dumps({"type": "start", "sample_rate": 16000, "encoding": "s16le"}))
+        await ws.recv()
+        await ws.send(PCM[:8000])
+        ws.transport.abort()
+    while app.state.sessions.parked != n:
+        await asyncio.sleep(0.01)
+
+
+async def _first_answer(url: str, finalize: bool = False) -> str:
+    """Open a stream at once: `ready`, an error code, or the HTTP status that refused it."""
+    try:
+        async with websockets.connect(url + "/v1/stream") as ws:
+            await ws.send(json.dumps({"type": "start", "sample_rate": 16000, "encoding": "s16le"}))
+            first = json.loads(await ws.recv())
+            if first["type"] != "ready":
+                return str(first["code"])
+            await ws.send(PCM[:32000])
+            if finalize:
+                await ws.send(json.dumps({"type": "finalize"}))
+                await ws.send(PCM[32000:48000])
+            await ws.send(json.dumps({"type": "stop"}))
+            last = [json.loads(m) async for m in ws][-1]
+            return "ready" if last["type"] == "summary" else str(last.get("code"))
+    except websockets.InvalidStatus as e:
+        return str(e.response.status_code)
+
+
+def test_a_full_daemon_of_parked_streams_takes_as_many_new_ones_at_once() -> None:
+    """Every parked stream's slot goes to a new stream, however many come at once."""
+    n = 6
+
+    async def main() -> None:
+        async with running(config(max_streams=n, admission="max_streams", resume_grace_s=30.0)) as (app, url):
+            await _park(url, app, n)
+            answers = await asyncio.gather(*(_first_answer(url) for _ in range(n)))
+            assert answers == ["ready"] * n
+            assert app.state.sessions.parked == 0
+
+    asyncio.run(main())
+
+
+def test_a_finalize_in_flight_does_not_turn_an_admitted_stream_away() -> None:
+    """A stream whose finalize is in flight holds a second engine slot until the first segment is
+    flushed; a stream the daemon admitted meanwhile waits for a slot instead of `overloaded`."""
+    async def main() -> None:
+        async with running(config(max_streams=2, admission="max_streams", max_backlog_s=120.0)) as (app, url):
+            ws = await websockets.connect(url + "/v1/stream")
+            await ws.send(json.dumps({"type": "start", "sample_rate": 16000, "encoding": "s16le"}))
+            await ws.recv()
+            for i in range(0, len(PCM) * 4, 64000):  # about 45 s at once: its segment takes a while to flush
+                await ws.send((PCM * 4)[i:i + 64000])
+            await ws.send(json.dumps({"type": "finalize"}))
+            async with asyncio.timeout(10):
+                while app.state.engine.recognizer.active < 2:
+                    await asyncio.sleep(0.002)
+            assert await _first_answer(url) == "ready"
+            await ws.close()
+
+    asyncio.run(main())
