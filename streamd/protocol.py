@@ -269,7 +269,7 @@ def _parse_endpointing(value: Any) -> EndpointingOptions:
     for key in value:
         ms = _field(value, key, int)
         if not 0 <= ms <= MAX_ENDPOINT_MS:
-            raise ProtocolViolation(f'"{key}" must be in 0..{MAX_ENDPOINT_MS} ms, got {ms}')
+            raise ProtocolViolation(f'"{key}" must be in 0..{MAX_ENDPOINT_MS} ms, got {echo(ms)}')
         overrides[key] = ms
     return EndpointingOptions(**overrides)
 
