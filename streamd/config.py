@@ -36,6 +36,7 @@ BACKLOG_POLICIES = ("pace", "close")
 ADMISSION_POLICIES = ("capacity", "max_streams")
 _DEVICE_RE = re.compile(r"auto|cpu|cuda(:\d+)?")
 _ORIGIN_RE = re.compile(r"(https?://[^/\s?#]+|null)")
+_HOST_RE = re.compile(r"\*|(\*\.)?[a-z0-9_]([a-z0-9_.-]*[a-z0-9_])?")
 
 
 class _InvalidSetting(ConfigError):
@@ -96,10 +97,12 @@ class ServerConfig:
     tls_key: Path | None = None
     token_file: Path | None = None
     allowed_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()
     workers: int = 0
     admission: str = "capacity"
     admission_utilization: float = 0.45
     resume_grace_s: float = 30.0
+    utterance_limit_s: float = 120.0
 
     def __post_init__(self) -> None:
         _require(bool(self.host), "server.host", "must not be empty", self.host)
@@ -109,6 +112,8 @@ class ServerConfig:
         _require(0.05 <= self.admission_utilization <= 1, "server.admission_utilization", "must be in 0.05..1",
                  self.admission_utilization)
         _require(self.resume_grace_s >= 0, "server.resume_grace_s", "must not be negative", self.resume_grace_s)
+        _require(0.08 <= self.utterance_limit_s <= MAX_ENDPOINT_MS / 1000, "server.utterance_limit_s",
+                 f"must be in 0.08..{MAX_ENDPOINT_MS // 1000}", self.utterance_limit_s)
         _require(0 <= self.port <= 65535, "server.port", "must be in 0..65535", self.port)
         _require(self.max_streams >= 1, "server.max_streams", "must be at least 1", self.max_streams)
         _require(self.max_message_bytes >= 1024, "server.max_message_bytes", "must be at least 1024",
@@ -130,6 +135,11 @@ class ServerConfig:
             _require(origin == "*" or bool(_ORIGIN_RE.fullmatch(origin)), "server.allowed_origins",
                      "must hold * or origins like https://example.com[:port]", origin)
         object.__setattr__(self, "allowed_origins", origins)
+        hosts = tuple(h.strip().lower().rstrip(".") for h in self.allowed_hosts)
+        for host in hosts:
+            _require(bool(_HOST_RE.fullmatch(host)), "server.allowed_hosts",
+                     "must hold * or host names like stt.example.com (no scheme, no port)", host)
+        object.__setattr__(self, "allowed_hosts", hosts)
 
 
 @dataclass(frozen=True)
@@ -193,6 +203,13 @@ class EndpointingConfig:
     def enabled(self) -> bool:
         """True when at least one rule is active."""
         return any(getattr(self, f.name) for f in fields(self))
+
+    def capped(self, limit_ms: int) -> EndpointingConfig:
+        """These rules with `max_utterance_ms` at most `limit_ms` (the server's `utterance_limit_s`,
+        which no stream can switch off: 0 becomes the limit)."""
+        if 0 < self.max_utterance_ms <= limit_ms:
+            return self
+        return EndpointingConfig(self.silence_after_speech_ms, self.silence_without_speech_ms, limit_ms)
 
 
 @dataclass(frozen=True)
@@ -369,6 +386,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("server", "allowed_origins", _to_list,
             "browser origins allowed to open streams besides the server's own, comma-separated; * = any",
             "the server's own"),
+    Setting("server", "allowed_hosts", _to_list,
+            "host names a browser may reach the daemon by (DNS rebinding guard), comma-separated; *.example.com "
+            "for subdomains, * = any", "localhost, IP addresses, this machine's name and server.host"),
     Setting("server", "workers", _to_int,
             "websocket front-end processes sharing the port (0: one event loop in the engine's process)"),
     Setting("server", "admission", _to_str,
@@ -378,6 +398,8 @@ SETTINGS: tuple[Setting, ...] = (
             "(results come about chunk x (1 + 2 x this) after their audio)"),
     Setting("server", "resume_grace_s", _to_float,
             "keep a stream whose connection dropped this long for its client to resume it (0 = never)"),
+    Setting("server", "utterance_limit_s", _to_float,
+            "cut every utterance at this length whatever a stream asks (its max_utterance_ms is capped to it)"),
     Setting("engine", "model", _to_path, "model file (.nemo or .pt)", "the shipped model"),
     Setting("engine", "device", _to_str, "auto, cpu, cuda or cuda:N"),
     Setting("engine", "dtype", _to_str, "fp32, bf16 or fp16"),

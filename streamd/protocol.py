@@ -47,7 +47,10 @@ FATAL_ERRORS = frozenset({ProtocolViolation.code, UnsupportedAudio.code,
                           *(code for code, _ in HANDSHAKE_REFUSALS.values())})
 # `streamd admin drain --handoff`: the stream was ended so that it continues on another daemon.
 HANDOFF_CLOSE = 1012
+# The session was resumed on another connection (by a client with its resume secret): do not resume it again.
+TAKEN_OVER_CLOSE = 4409
 MAX_SESSION_ID = 64
+MAX_RESUME_SECRET = 128
 
 FinalReason = Literal["endpoint", "max_utterance", "finalize", "end_of_stream"]
 
@@ -84,10 +87,12 @@ class EndpointingOptions:
 
 @dataclass(frozen=True)
 class Resume:
-    """``start``'s ``resume``: continue session ``session_id`` after the last message seen."""
+    """``start``'s ``resume``: continue session ``session_id`` after the last message seen;
+    ``secret`` is the ``resume_secret`` of the session's ``ready`` (without it nothing resumes)."""
 
     session_id: str
     last_seq: int
+    secret: str = ""
 
 
 @dataclass(frozen=True)
@@ -154,6 +159,7 @@ class Ready:
     idle_timeout_s: float
     max_session_s: float
     protocol: str = PROTOCOL_VERSION
+    resume_secret: str | None = None  # what a resume needs besides the session id (None: no resume)
 
 
 @dataclass(frozen=True)
@@ -263,7 +269,7 @@ def _parse_endpointing(value: Any) -> EndpointingOptions:
     for key in value:
         ms = _field(value, key, int)
         if not 0 <= ms <= MAX_ENDPOINT_MS:
-            raise ProtocolViolation(f'"{key}" must be in 0..{MAX_ENDPOINT_MS} ms, got {ms}')
+            raise ProtocolViolation(f'"{key}" must be in 0..{MAX_ENDPOINT_MS} ms, got {echo(ms)}')
         overrides[key] = ms
     return EndpointingOptions(**overrides)
 
@@ -273,12 +279,14 @@ def _parse_resume(value: Any) -> Resume | None:
         return None
     if not isinstance(value, dict):
         raise ProtocolViolation('"resume" must be an object like {"session_id": "...", "last_seq": 7}')
-    _check_keys(value, ("session_id", "last_seq"), '"resume"')
+    _check_keys(value, ("session_id", "secret", "last_seq"), '"resume"')
     session_id = _field(value, "session_id", str)
     last_seq = _field(value, "last_seq", int)
-    if not 0 < len(session_id) <= MAX_SESSION_ID or last_seq < 0:
-        raise ProtocolViolation(f'"resume" needs a session_id of 1..{MAX_SESSION_ID} characters and a last_seq >= 0')
-    return Resume(session_id, last_seq)
+    secret = _field(value, "secret", str, "")
+    if not 0 < len(session_id) <= MAX_SESSION_ID or last_seq < 0 or len(secret) > MAX_RESUME_SECRET:
+        raise ProtocolViolation(f'"resume" needs a session_id of 1..{MAX_SESSION_ID} characters, a secret of at most '
+                                f'{MAX_RESUME_SECRET} and a last_seq >= 0')
+    return Resume(session_id, last_seq, secret)
 
 
 def _parse_start(data: Mapping[str, Any]) -> Start:
@@ -351,7 +359,8 @@ def encode_client_message(message: ClientMessage) -> str:
             body["endpointing"] = {k: getattr(options, k) for k in _ENDPOINT_KEYS
                                    if getattr(options, k) is not None}
         if message.resume is not None:
-            body["resume"] = {"session_id": message.resume.session_id, "last_seq": message.resume.last_seq}
+            body["resume"] = {"session_id": message.resume.session_id, "secret": message.resume.secret,
+                              "last_seq": message.resume.last_seq}
     return json.dumps(body, separators=(",", ":"))
 
 

@@ -292,3 +292,10 @@ def test_hostile_json_is_a_short_protocol_violation(text: str, pattern: str) -> 
     with pytest.raises((ProtocolViolation, UnsupportedAudio), match=pattern) as info:
         parse_client_message(text)
     assert len(info.value.message) < 200
+
+
+def test_a_huge_endpointing_value_is_not_echoed_whole() -> None:
+    with pytest.raises(ProtocolViolation) as err:
+        parse_client_message('{"type": "start", "sample_rate": 16000, "encoding": "s16le", '
+                             '"endpointing": {"max_utterance_ms": ' + "9" * 4000 + "}}")
+    assert "must be in 0..3600000 ms" in err.value.message and len(err.value.message) < 200

@@ -42,6 +42,7 @@ class PcmDecoder:
         self._carry = b""
         self._frames = 0
         self._closed = False
+        self._model_rate = model_rate
         self._resampler = (
             None if sample_rate == model_rate
             else soxr.ResampleStream(sample_rate, model_rate, 1, dtype="float32", quality="HQ"))
@@ -79,6 +80,16 @@ class PcmDecoder:
             return samples
         resampled: Samples = self._resampler.resample_chunk(samples)
         return resampled
+
+    def cut(self) -> Samples:
+        """End an utterance here (``finalize``): return the resampler's held-back samples, so
+        that all audio received so far comes out now, and resample what follows afresh (an
+        incomplete sample frame is kept: it belongs to the next message)."""
+        if self._resampler is None:
+            return np.zeros(0, dtype=np.float32)
+        tail: Samples = self._resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
+        self._resampler = soxr.ResampleStream(self.sample_rate, self._model_rate, 1, dtype="float32", quality="HQ")
+        return tail
 
     def flush(self) -> Samples:
         """End the stream: return the resampler's tail; an incomplete last frame is dropped."""

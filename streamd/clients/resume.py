@@ -5,7 +5,7 @@ audio and ``finalize`` messages sent since the last point where the server's dec
 fresh (the stream's start, or the last ``finalize`` once its final came back). When the
 connection is lost without a ``summary`` it reconnects (through a load balancer, with
 ``?session=ID`` so that it can route back) and sends ``start`` with
-``resume: {session_id, last_seq}``:
+``resume: {session_id, secret, last_seq}`` (the secret from ``ready``; it is never put in a URL):
 
 - the same daemon still holds the session: it answers ``resumed`` with the audio bytes and
   ``finalize`` messages it has, replays the results after ``last_seq``, and the client resends
@@ -37,8 +37,8 @@ from websockets.exceptions import ConnectionClosed
 from streamd.clients.common import (Backoff, ConnectionLost, StreamError, explain, handshake, retry_delay,
                                      stream_url)
 from streamd.errors import ProtocolViolation
-from streamd.protocol import (Error, Final, Finalize, Partial, Ready, Resume, Resumed, Start, Stop, Summary,
-                                     Word, encode_client_message, parse_server_message)
+from streamd.protocol import (TAKEN_OVER_CLOSE, Error, Final, Finalize, Partial, Ready, Resume, Resumed, Start,
+                             Stop, Summary, Word, encode_client_message, parse_server_message)
 
 MAX_REPLAY_S = 600.0
 RECONNECT_ATTEMPTS = 8  # consecutive failed reconnections before giving up
@@ -254,6 +254,8 @@ class ResumingStream:
                     why = f"connection closed (code {ws.close_code})"
             except ConnectionClosed:
                 why = f"connection lost (code {ws.close_code})"
+            if ws.close_code == TAKEN_OVER_CLOSE:
+                raise StreamError("session_taken_over", "the session was resumed on another connection")
             self._ws = None
             await self._reconnect(why)
 
@@ -283,11 +285,12 @@ class ResumingStream:
         """Resume the session, or replay the buffer to a new one."""
         backoff = Backoff(initial=0.1)
         session_id = self.ready.session_id if self.ready else ""
+        secret = (self.ready.resume_secret if self.ready else None) or ""
         self._on_status(f"{why}; resuming session {session_id}")
         failures = 0
         while True:
             try:
-                start = dataclasses.replace(self.start, resume=Resume(session_id, max(self._last_seq, 0)))
+                start = dataclasses.replace(self.start, resume=Resume(session_id, max(self._last_seq, 0), secret))
                 ws, first = await self._open(start, with_session(self.url, session_id))
             except Exception as e:
                 failures += 1

@@ -146,10 +146,12 @@ class AdminServer:
             writer.close()
             return
         data = json.dumps(body).encode()
-        writer.write(f"HTTP/1.1 {status.value} {status.phrase}\r\nContent-Type: application/json\r\n"
-                     f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
         try:
+            writer.write(f"HTTP/1.1 {status.value} {status.phrase}\r\nContent-Type: application/json\r\n"
+                         f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
             await writer.drain()
+        except ConnectionError:  # the client went away before its answer: nothing to tell it
+            pass
         finally:
             writer.close()
 

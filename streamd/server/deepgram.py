@@ -370,7 +370,7 @@ class ListenConnection(Connection):
 
     async def _fail(self, exc: StreamdError) -> None:
         code, reason = p.close_for(exc)
-        log.info("connection %s: %s: %s", self.id, exc.code, exc.message)
+        log.info("connection %s: %s: %s", self.log_id, exc.code, exc.message)
         try:
             if not isinstance(exc, SlowConsumer):  # a slow consumer is not reading: only the close frame
                 await self._error(ListenError(exc.code, exc.message))

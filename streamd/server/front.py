@@ -59,7 +59,7 @@ class Front:
         """Take `config` (at start and on a reload): the token file is read again."""
         cfg = config.server
         token = read_token(cfg.token_file, "stream token file") if cfg.token_file else None
-        self.access = Access(token, cfg.allowed_origins)
+        self.access = Access(token, cfg.allowed_origins, (*cfg.allowed_hosts, cfg.host, socket.gethostname()))
         self.state.config = config
 
     async def process_request(self, conn: ServerConnection, request: Request) -> Response | None:
@@ -100,7 +100,7 @@ class Front:
         if self.full:
             self.state.metrics.rejections.labels(reason="overloaded").inc()
             return response(HTTPStatus.SERVICE_UNAVAILABLE, b"at capacity\n", extra={"Retry-After": "1"})
-        if self.state.streams() >= self.limit:
+        if self.state.streams() - self.state.sessions.evicted >= self.limit:
             self.state.sessions.evict()  # a stream whose client is gone makes room
         return None
 
@@ -112,7 +112,7 @@ class Front:
     @property
     def full(self) -> bool:
         """No room for a new stream, even in place of a parked one."""
-        return self.state.streams() - self.state.sessions.parked >= self.limit
+        return self.state.streams() - self.state.sessions.reclaimable >= self.limit
 
     def _readyz(self) -> Response:
         """200 while new streams are taken; 503 while loading, draining, cutting over or full (a

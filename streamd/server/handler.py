@@ -28,7 +28,7 @@ from streamd.errors import (BacklogExceeded, IdleTimeout, InternalError, Overloa
 from streamd import protocol as p
 from streamd.server.admission import Capacity
 from streamd.server.metrics import Metrics
-from streamd.server.resume import Attach, ResumeState, Sessions, session_id_of
+from streamd.server.resume import Attach, ResumeState, Sessions, log_name, session_id_of
 from streamd.session.core import End, Open, Result, Segment, StreamSession
 
 log = logging.getLogger("streamd.server")
@@ -139,8 +139,10 @@ class Connection:
     def __init__(self, ws: ServerConnection, state: StreamContext) -> None:
         self.ws, self.state = ws, state
         self.session = StreamSession(state.geometry, state.tokenizer, state.config.endpointing,
-                                     state.metrics.count_endpoint, state.config.gate)
+                                     state.metrics.count_endpoint, state.config.gate,
+                                     utterance_limit_ms=round(state.config.server.utterance_limit_s * 1000))
         self.id = session_id_of(ws)
+        self.log_id = log_name(self.id)  # logs never hold the session id (nor its resume secret)
         # Resume (streamd.server.resume): native streams record what they send once `start` is
         # taken; a dropped connection parks the stream for a client that resumes it.
         self.resume = ResumeState(self.id)
@@ -161,7 +163,7 @@ class Connection:
         self._failed: BaseException | None = None  # why the sender stopped early; ends the receive
 
     async def run(self) -> None:
-        log.info("connect %s from %s", self.id, self.ws.remote_address)
+        log.info("connect %s from %s", self.log_id, self.ws.remote_address)
         reason = "error"
         watcher = asyncio.create_task(self._watch_shutdown())
         try:
@@ -171,7 +173,7 @@ class Connection:
         except ConnectionClosed:
             reason = "client gone"
         except Exception as e:  # a bug: report it to this client only
-            log.exception("connection %s failed", self.id)
+            log.exception("connection %s failed", self.log_id)
             await self._fail(InternalError(f"internal error: {type(e).__name__}"))
         finally:
             watcher.cancel()
@@ -179,7 +181,7 @@ class Connection:
                 self.state.sessions.remove(self.id)
             if self._attached is not None:
                 self._attached.release()
-            log.info("disconnect %s (%s) after %.1f s of audio", self.id, reason, self.session.received_s)
+            log.info("disconnect %s (%s) after %.1f s of audio", self.log_id, reason, self.session.received_s)
 
     async def _watch_shutdown(self) -> None:
         """On shutdown, end the receive that is waiting now (it returns None)."""
@@ -196,8 +198,11 @@ class Connection:
         msg = self.session.receive(first)  # raises unless it is "start"
         assert isinstance(msg, p.Start)
         if msg.resume is not None:
-            attach = self.state.sessions.resume(msg.resume.session_id, self.ws, msg.resume.last_seq)
-            self.state.metrics.resumes.labels(result="resumed" if attach else "fresh").inc()
+            attach, result = self.state.sessions.resume(msg.resume.session_id, msg.resume.secret, self.ws,
+                                                        msg.resume.last_seq)
+            self.state.metrics.resumes.labels(result=result).inc()
+            if result == "refused":
+                log.warning("connection %s: a resume without the session's secret was refused", self.log_id)
             if attach is not None:
                 return await self._carry(attach)  # the session's commands are never run
         sender: asyncio.Task[None] | None = None
@@ -206,7 +211,8 @@ class Connection:
             self.resumable = self.state.sessions.grace_s > 0
             await self._send(p.Ready(self.id, self.state.model_name, self.state.device, self.state.dtype,
                                      self.state.chunk_ms, msg.sample_rate, self.session.rules,
-                                     cfg.idle_timeout_s, cfg.max_session_s))
+                                     cfg.idle_timeout_s, cfg.max_session_s,
+                                     resume_secret=self.resume.secret if self.resumable else None))
             if self.resumable:
                 self.state.sessions.add(self.resume, self._drop, self._handoff)
             sender = asyncio.create_task(self._sender())
@@ -274,18 +280,30 @@ class Connection:
 
     async def _open_segment(self, segment: Segment, after: Segment | None) -> None:
         """An engine stream for `segment`. After `finalize` (`after`: the segment it ended) a full
-        engine waits for that segment's slot: the stream never needs two."""
-        try:
-            engine = await self.state.engine.open()
-        except CapacityError as e:
-            if after is not None:
-                try:
-                    await asyncio.wait_for(self.slots[after].flushed.wait(), self.state.config.server.idle_timeout_s)
-                    return await self._open_segment(segment, None)
-                except TimeoutError:
-                    pass
-            self.state.metrics.rejections.labels(reason="overloaded").inc()
-            raise Overloaded(str(e)) from None
+        engine waits for that segment's slot: the stream never needs two. A new stream (admitted
+        at the handshake, so a slot is being freed: a parked stream's, which is evicted, an evicted
+        one's, or the second slot of another stream's finalize in flight) waits for one up to
+        `idle_timeout_s`."""
+        deadline, pause = time.monotonic() + self.state.config.server.idle_timeout_s, 0.01
+        while True:
+            try:
+                engine = await self.state.engine.open()
+                break
+            except CapacityError as e:
+                if after is not None:
+                    try:
+                        await asyncio.wait_for(self.slots[after].flushed.wait(),
+                                               self.state.config.server.idle_timeout_s)
+                        return await self._open_segment(segment, None)
+                    except TimeoutError:
+                        pass
+                elif time.monotonic() < deadline:
+                    self.state.sessions.evict()
+                    await asyncio.sleep(pause)
+                    pause = min(2 * pause, 0.2)
+                    continue
+                self.state.metrics.rejections.labels(reason="overloaded").inc()
+                raise Overloaded(str(e)) from None
         slot = Slot(segment, engine)
         self.slots[segment] = slot
         await self.opened.put(slot)
@@ -408,9 +426,13 @@ class Connection:
             self.state.live.discard(task)
             self.state.count_live()
             self.state.metrics.streams_active.dec()
-        log.info("connection %s resumes session %s", self.id, attach.session_id)
+        log.info("connection %s resumes session %s", self.log_id, log_name(attach.session_id))
         await attach.done
-        return "resumed " + attach.session_id
+        if attach.superseded:  # a newer resume of the session came first: never closed silently
+            await self._close(p.TAKEN_OVER_CLOSE, "session resumed on another connection")
+        elif not attach.used:  # the session ended before it took this connection
+            await self._close(p.CloseCode.GOING_AWAY, "session ended; resume elsewhere")
+        return "resumed " + log_name(attach.session_id)
 
     async def _reattach(self) -> bool:
         """The connection dropped: park the stream until its client resumes it (True), or give
@@ -419,7 +441,7 @@ class Connection:
             if self._attached is not None:
                 self._attached.release()
                 self._attached = None
-            log.info("connection %s parked (%d s grace)", self.id, self.state.sessions.grace_s)
+            log.info("connection %s parked (%d s grace)", self.log_id, self.state.sessions.grace_s)
             attach = await self.state.sessions.wait_resume(self.id, self.state.shutdown)
             if attach is None:
                 return False
@@ -429,6 +451,7 @@ class Connection:
                     attach.release()
                     return False
                 self.ws, self._attached = attach.ws, attach
+                attach.used = True
                 resumed = p.Resumed(self.id, self.resume.audio_bytes, self.resume.finalizes)
                 try:
                     await self._send_text(p.encode_message(resumed, attach.last_seq))
@@ -436,13 +459,23 @@ class Connection:
                         await self._send_text(text)
                 except ConnectionClosed:
                     continue  # the new connection is gone too: park again
-            log.info("connection %s resumed after seq %d (%d messages replayed)", self.id, attach.last_seq, len(replay))
+            log.info("connection %s resumed after seq %d (%d messages replayed)", self.log_id, attach.last_seq, len(replay))
             return True
         return False
 
     def _drop(self) -> None:
-        """Abort the current connection (a resume came while it still looked alive)."""
-        self.ws.transport.abort()
+        """Close the current connection: a resume with the session's secret came while it still
+        looked alive. Its client is told (TAKEN_OVER_CLOSE); a dead peer is cut after 1 s."""
+        asyncio.ensure_future(self._close_taken_over(self.ws))
+
+    async def _close_taken_over(self, ws: ServerConnection) -> None:
+        try:
+            async with asyncio.timeout(1.0):
+                await ws.close(p.TAKEN_OVER_CLOSE, "session resumed on another connection")
+        except TimeoutError:
+            pass
+        finally:
+            ws.transport.abort()
 
     def _handoff(self) -> None:
         """End this stream's connection with the handoff close code; it is not parked."""
@@ -472,7 +505,7 @@ class Connection:
 
     async def _fail(self, exc: StreamdError) -> None:
         code, reason = p.close_for(exc)
-        log.info("connection %s: %s: %s", self.id, exc.code, exc.message)
+        log.info("connection %s: %s: %s", self.log_id, exc.code, exc.message)
         try:
             # A slow consumer is not reading: its close frame (with the reason) is all it may still see.
             if self.session.proto.phase is not p.Phase.CLOSED and not isinstance(exc, SlowConsumer):

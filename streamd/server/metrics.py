@@ -31,7 +31,7 @@ REJECTION_REASONS = ("overloaded", "draining", "unauthorized", "origin", "bad_re
 MIGRATION_RESULTS = ("ok", "failed")
 ENDPOINT_RULES = ("silence_after_speech", "silence_without_speech", "max_utterance")
 BACKLOG_ACTIONS = ("paced", "closed")
-RESUME_RESULTS = ("resumed", "fresh", "handoff")
+RESUME_RESULTS = ("resumed", "fresh", "refused", "handoff")
 
 _LATENCY_BUCKETS = (0.08, 0.16, 0.24, 0.32, 0.48, 0.64, 0.96, 1.28, 1.92, 2.56, 3.84, 5.12, 10.24)
 _STEP_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
@@ -107,7 +107,8 @@ class Metrics:
                               namespace=ns, registry=r)
         self.resumes = Counter(
             "resumes", "Resume requests by result (resumed: the session continued here; fresh: unknown or "
-            "expired, a new session was started) and streams ended by a handoff.", ["result"],
+            "expired, a new session was started; refused: without the session's resume secret, a new session was "
+            "started) and streams ended by a handoff.", ["result"],
             namespace=ns, registry=r)
         # Recorded by connections: in a front-end process (`server/worker.py`) these are sent to
         # the engine's process, whose /metrics adds them to its own.

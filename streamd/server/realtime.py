@@ -36,6 +36,7 @@ log = logging.getLogger("streamd.server")
 
 SPEC_RATE = 24_000  # the spec's only PCM rate; streamd takes any rate the native protocol takes
 G711_RATE = 8_000
+MAX_EVENT_ID = 512  # a client's event_id is echoed in errors: no longer than this
 AudioFormat = Literal["pcm16", "g711_ulaw", "g711_alaw"]
 _BETA_FORMATS: dict[str, AudioFormat] = {"pcm16": "pcm16", "g711_ulaw": "g711_ulaw", "g711_alaw": "g711_alaw"}
 _GA_FORMATS: dict[str, AudioFormat] = {"audio/pcm": "pcm16", "audio/pcmu": "g711_ulaw", "audio/pcma": "g711_alaw"}
@@ -168,7 +169,8 @@ def update_ga(config: SessionConfig, session: Mapping[str, Any]) -> SessionConfi
     if "format" in audio_in:
         fmt = _object(audio_in["format"], f"{where}.format") or {}
         _check_keys(fmt, ("type", "rate"), f"{where}.format")
-        name = _GA_FORMATS.get(fmt.get("type", "audio/pcm"))
+        kind = fmt.get("type", "audio/pcm")
+        name = _GA_FORMATS.get(kind) if isinstance(kind, str) else None
         if name is None:
             raise RealtimeError("invalid_value", f"{where}.format.type must be one of {', '.join(_GA_FORMATS)}, "
                                 f"got {echo(fmt.get('type'))}", f"{where}.format.type")
@@ -191,7 +193,8 @@ def update_beta(config: SessionConfig, session: Mapping[str, Any]) -> SessionCon
     _ignored(session.get("input_audio_noise_reduction"), "session.input_audio_noise_reduction", ("type",))
     _ignored(session.get("input_audio_transcription"), "session.input_audio_transcription", _TRANSCRIPTION_KEYS)
     if "input_audio_format" in session:
-        name = _BETA_FORMATS.get(session["input_audio_format"])
+        value = session["input_audio_format"]
+        name = _BETA_FORMATS.get(value) if isinstance(value, str) else None
         if name is None:
             raise RealtimeError("invalid_value", "session.input_audio_format must be one of "
                                 f"{', '.join(_BETA_FORMATS)}, got {echo(session['input_audio_format'])}",
@@ -216,8 +219,12 @@ def _parse(data: str | bytes) -> dict[str, Any]:
         raise RealtimeError("invalid_event", "message is not acceptable JSON: a number is too long") from None
     if not isinstance(event, dict):
         raise RealtimeError("invalid_event", "message must be a JSON object")
-    if not isinstance(event.get("event_id", ""), str):
+    event_id = event.get("event_id", "")
+    if not isinstance(event_id, str):
         raise RealtimeError("invalid_type", "event_id must be a string", "event_id")
+    if len(event_id) > MAX_EVENT_ID:
+        raise RealtimeError("invalid_value", f"event_id must be at most {MAX_EVENT_ID} characters, got "
+                            f"{len(event_id)}", "event_id")
     return event
 
 
@@ -366,7 +373,7 @@ class RealtimeConnection(Connection):
             await self._speech_started(result, item)
             await self._delta(result, item)
             return
-        if result.reason in ("endpoint", "max_utterance"):
+        if result.reason in ("endpoint", "max_utterance") and self.config.vad:
             await self._speech_started(result, item)
             await self._event("input_audio_buffer.speech_stopped", audio_end_ms=_ms(result.end), item_id=item)
         elif result.reason == "end_of_stream" and not result.text:
@@ -422,7 +429,7 @@ class RealtimeConnection(Connection):
 
     async def _fail(self, exc: StreamdError) -> None:
         code, reason = p.close_for(exc)
-        log.info("connection %s: %s: %s", self.id, exc.code, exc.message)
+        log.info("connection %s: %s: %s", self.log_id, exc.code, exc.message)
         try:
             if not isinstance(exc, SlowConsumer):  # a slow consumer is not reading: only the close frame
                 await self._error(RealtimeError(exc.code, exc.message), None,

@@ -6,9 +6,16 @@ While the stream lives, :class:`ResumeState` keeps what a reconnecting client ne
 messages sent (a ring of `RING` messages, with their `seq`), the audio bytes and `finalize`
 messages received. It is plain data, without a socket.
 
+The session id routes (it travels in URLs and headers); what resumes a session is its *resume
+secret*, sent to the client in `ready` only (never logged, never in a URL) and compared in
+constant time. Logs name a session by :func:`log_name`, a digest of its id.
+
 When the connection drops, the stream is *parked*: decoding goes on, its results go to the ring
 only, and :meth:`Sessions.wait_resume` waits up to `grace_s` for a client that sends
-`start` with `resume: {session_id, last_seq}`. That connection is handed to the parked stream,
+`start` with `resume: {session_id, secret, last_seq}`. A resume without the right secret is
+treated as a session that is not here (a new one; the owner's stream goes on untouched). A
+resume with it while the old connection still looks alive takes over: the old connection is
+closed with `TAKEN_OVER_CLOSE`, never silently. That connection is handed to the parked stream,
 which replays the messages after `last_seq` and reads on. No client within the grace period:
 the stream ends as if the client had gone. A parked stream keeps its slot, but a new stream that
 finds the daemon full takes the slot of the one parked longest (:meth:`Sessions.evict`).
@@ -16,18 +23,21 @@ finds the daemon full takes the slot of the one parked longest (:meth:`Sessions.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import secrets
 import time
 import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from websockets.asyncio.server import ServerConnection
 
 SESSION_HEADER = "X-Streamd-Session"
 RING = 4096  # messages kept per session for a replay
+RING_BYTES = 1 << 20  # and at most this much text: the oldest go first
 
 _session_ids: weakref.WeakKeyDictionary[ServerConnection, str] = weakref.WeakKeyDictionary()
 
@@ -44,18 +54,31 @@ def session_id_of(conn: ServerConnection) -> str:
     return _session_ids.get(conn) or assign_session_id(conn)
 
 
+def log_name(session_id: str) -> str:
+    """How logs name a session: a digest of its id, so that logs hold neither ids nor secrets."""
+    return "s-" + hashlib.sha256(session_id.encode()).hexdigest()[:12]
+
+
 @dataclass
 class ResumeState:
-    """What resuming a session needs: plain data, no socket."""
+    """What resuming a session needs: plain data, no socket. `secret`: what a resume must show."""
 
     session_id: str
+    secret: str = field(default_factory=lambda: secrets.token_urlsafe(24), repr=False)
     audio_bytes: int = 0  # audio bytes received from the client, over all its connections
     finalizes: int = 0  # `finalize` messages received
     sent: deque[tuple[int, str]] = field(default_factory=lambda: deque(maxlen=RING))
+    sent_chars: int = 0  # of the messages in `sent`
 
     def record(self, seq: int, text: str) -> None:
-        """Keep a message sent (or meant to be sent) to the client."""
+        """Keep a message sent (or meant to be sent) to the client: the last `RING` of them, and
+        no more than `RING_BYTES` of text (about: characters are counted)."""
+        if len(self.sent) == RING:
+            self.sent_chars -= len(self.sent[0][1])
         self.sent.append((seq, text))
+        self.sent_chars += len(text)
+        while self.sent_chars > RING_BYTES and len(self.sent) > 1:
+            self.sent_chars -= len(self.sent.popleft()[1])
 
     def after(self, last_seq: int) -> list[str] | None:
         """The messages after `last_seq`, or None when some of them are no longer kept (or
@@ -76,16 +99,19 @@ class Attach:
     ws: ServerConnection
     last_seq: int
     done: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    used: bool = False  # the session took this connection
+    superseded: bool = False  # a newer resume came before the session took it
 
-    def release(self) -> None:
+    def release(self, superseded: bool = False) -> None:
         if not self.done.done():
+            self.superseded = superseded
             self.done.set_result(None)
 
 
 @dataclass(eq=False)
 class _Entry:
     state: ResumeState
-    drop: Callable[[], None]  # abort the session's current connection
+    drop: Callable[[], None]  # close the session's current connection (TAKEN_OVER_CLOSE)
     handoff: Callable[[], None]  # close it with the handoff code, not to be resumed here
     waiting: asyncio.Future[None] | None = None
     pending: Attach | None = None
@@ -98,39 +124,57 @@ class Sessions:
     def __init__(self, grace_s: float) -> None:
         self.grace_s = grace_s
         self._entries: dict[str, _Entry] = {}
+        self._evicted: set[str] = set()  # sessions evicted whose connection has not ended yet
 
     @property
     def parked(self) -> int:
         """Sessions whose connection is gone, waiting for their client."""
         return sum(1 for e in self._entries.values() if e.waiting is not None)
 
+    @property
+    def reclaimable(self) -> int:
+        """Streams whose slot a new stream may take: parked, or evicted and ending now."""
+        return self.parked + len(self._evicted)
+
+    @property
+    def evicted(self) -> int:
+        """Sessions evicted for a new stream whose connection has not ended yet."""
+        return len(self._evicted)
+
     def add(self, state: ResumeState, drop: Callable[[], None], handoff: Callable[[], None]) -> None:
         self._entries[state.session_id] = _Entry(state, drop, handoff)
 
     def remove(self, session_id: str) -> None:
+        """The session's connection ended."""
+        self._evicted.discard(session_id)
         entry = self._entries.pop(session_id, None)
         if entry is not None and entry.pending is not None:
             entry.pending.release()
 
-    def resume(self, session_id: str, ws: ServerConnection, last_seq: int) -> Attach | None:
-        """Hand `ws` to session `session_id`; None if there is no such session here or the
-        messages after `last_seq` are no longer kept (the session is then ended)."""
+    def resume(self, session_id: str, secret: str, ws: ServerConnection,
+               last_seq: int) -> tuple[Attach | None, Literal["resumed", "fresh", "refused"]]:
+        """Hand `ws` to session `session_id` if `secret` is its resume secret. None (and why) if
+        there is no such session here (`fresh`), the secret is wrong or missing (`refused`: the
+        session is not touched), or the messages after `last_seq` are no longer kept (`fresh`:
+        the session is then ended, its client starts over)."""
         entry = self._entries.get(session_id)
         if entry is None:
-            return None
+            return None, "fresh"
+        if not hmac.compare_digest(secret.encode(), entry.state.secret.encode()):
+            return None, "refused"
         if entry.state.after(last_seq) is None:  # the client will start over: end the session
             self._forget(entry)
             entry.drop()
-            return None
+            return None, "fresh"
         attach = Attach(session_id, ws, last_seq)
         if entry.pending is not None:  # a second reconnect before the first was taken: the newer wins
-            entry.pending.release()
+            entry.pending.release(superseded=True)
         entry.pending = attach
         if entry.waiting is not None and not entry.waiting.done():
             entry.waiting.set_result(None)  # wake the parked session: it takes `pending`
         else:
-            entry.drop()  # the old connection is dead but not noticed yet
-        return attach
+            entry.drop()  # the old connection is dead but not noticed yet, or its owner moved
+        return attach, "resumed"
 
     async def wait_resume(self, session_id: str, shutdown: asyncio.Event) -> Attach | None:
         """Park session `session_id` until a client resumes it; None after `grace_s`, on
@@ -156,7 +200,9 @@ class Sessions:
         parked = [e for e in self._entries.values() if e.waiting is not None and not e.waiting.done()]
         if not parked:
             return False
-        self._forget(min(parked, key=lambda e: e.parked_at))
+        oldest = min(parked, key=lambda e: e.parked_at)
+        self._evicted.add(oldest.state.session_id)  # its slot counts as free until it has ended
+        self._forget(oldest)
         return True
 
     def handoff(self) -> int:

@@ -81,11 +81,15 @@ class StreamSession:
         on_endpoint: hears the rule of every endpoint (the metric).
         gate: the speech gate (``streamd.audio.activity``): tokens far from audio that may hold
             speech are dropped, as if the model had not emitted them. None: off.
+        utterance_limit_ms: the longest utterance whatever ``start`` asks (None: no limit), so that
+            no result (and no message) grows without bound.
     """
 
     def __init__(self, geometry: ChunkGeometry, tokenizer: Tokenizer, endpointing: EndpointingConfig,
-                 on_endpoint: Callable[[EndpointRule], None] | None = None, gate: GateConfig | None = None) -> None:
+                 on_endpoint: Callable[[EndpointRule], None] | None = None, gate: GateConfig | None = None,
+                 utterance_limit_ms: int | None = None) -> None:
         self.proto = p.SessionProtocol()
+        self.utterance_limit_ms = utterance_limit_ms
         self.tokenizer, self.on_endpoint = tokenizer, on_endpoint
         self.rate, self.frame_s, self.frame_ms = geometry.sample_rate, geometry.frame_seconds, geometry.frame_ms
         self.start: p.Start | None = None
@@ -143,6 +147,8 @@ class StreamSession:
         """Start the stream with `start`'s format and options: its first segment opens at time 0."""
         self.start = start
         self.rules = start.endpointing.resolve(self.rules)
+        if self.utterance_limit_ms is not None:
+            self.rules = self.rules.capped(self.utterance_limit_ms)
         self._pcm = PcmDecoder(start.sample_rate, start.encoding, start.channels, model_rate=self.rate)
         self._open()
 
@@ -154,7 +160,9 @@ class StreamSession:
     def finalize(self, reason: Literal["finalize", "clear"] = "finalize") -> None:
         """End the open segment and open the next. `finalize`: its open utterance becomes a final;
         `clear`: its results from now on are dropped."""
-        assert self.segment is not None
+        assert self.segment is not None and self._pcm is not None
+        if (tail := self._pcm.cut()).size:  # the resampler's held-back audio belongs to this segment
+            self._push(tail)
         self.segment.end_reason = reason
         self._commands.append(End(self.segment))
         self._open(after=self.segment)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -172,5 +173,68 @@ def test_file_client_sends_the_token(tmp_path: Path) -> None:
             assert without.error is not None and "unauthorized" in without.error and "--token-file" in without.error
             assert rejected(app, "unauthorized") == 1  # not retried
             assert (await transcribe_file(wav, Options(url, token=TOKEN))).error is None
+
+    asyncio.run(main())
+
+
+def _handshake(url: str, headers: list[tuple[str, str]]) -> tuple[int, bytes]:
+    """A websocket handshake with exactly `headers` (repeats included): the status and the body."""
+    host, port = url.removeprefix("ws://").split(":")
+    lines = ["GET /v1/stream HTTP/1.1", "Upgrade: websocket", "Connection: Upgrade",
+             "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version: 13",
+             *(f"{k}: {v}" for k, v in headers)]
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        reply = b""
+        while b"\r\n\r\n" not in reply or (not reply.startswith(b"HTTP/1.1 101") and not reply.endswith(b"\n")):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+    return int(reply.split(b" ", 2)[1]), reply.split(b"\r\n\r\n", 1)[1]
+
+
+def test_duplicate_headers_get_400(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    async def main() -> None:
+        async with running(config(token_file=token_file(tmp_path))) as (app, url):
+            host = url.removeprefix("ws://")
+            own, auth = url.replace("ws://", "http://"), f"Bearer {TOKEN}"
+            cases = {"Origin": [("Host", host), ("Origin", own), ("Origin", own), ("Authorization", auth)],
+                     "Host": [("Host", host), ("Host", host), ("Authorization", auth)]}
+            for first, second in ((auth, "Bearer wrong"), ("Bearer wrong", auth)):
+                cases[f"Authorization {first}"] = [("Host", host), ("Authorization", first), ("Authorization", second)]
+            for name, headers in cases.items():
+                status, body = await asyncio.to_thread(_handshake, url, headers)
+                assert status == 400 and b"more than one" in body, (name, status, body)
+            ok = await asyncio.to_thread(_handshake, url, [("Host", host), ("Origin", own), ("Authorization", auth)])
+            assert ok[0] == 101
+            assert rejected(app, "bad_request") == 4
+
+    caplog.set_level(logging.INFO)
+    asyncio.run(main())
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_dns_rebinding_is_refused() -> None:
+    """A page on an attacker's name that resolves to the daemon is its own origin (`Host` and
+    `Origin` agree), but the daemon does not serve that name: 403. Names it serves get in."""
+    async def main() -> None:
+        async with running(config()) as (app, url):
+            port = url.rsplit(":", 1)[1]
+
+            async def status(name: str) -> int:
+                headers = [("Host", f"{name}:{port}"), ("Origin", f"http://{name}:{port}")]
+                return (await asyncio.to_thread(_handshake, url, headers))[0]
+            assert await status("rebind.attacker.example") == 403
+            assert await status("127.0.0.1.nip.example") == 403
+            for name in ("localhost", "127.0.0.1", "[::1]", "app.localhost", socket.gethostname().lower()):
+                assert await status(name) == 101, name
+        async with running(config(allowed_hosts=("stt.example.com", "*.corp.example"))) as (app, url):
+            port = url.rsplit(":", 1)[1]
+            for name, want in (("stt.example.com", 101), ("a.corp.example", 101), ("corp.example.evil", 403),
+                               ("evil.example.com", 403)):
+                got = (await asyncio.to_thread(_handshake, url, [("Host", f"{name}:{port}"),
+                                                                 ("Origin", f"https://{name}:{port}".replace("https", "http"))]))[0]
+                assert got == want, name
 
     asyncio.run(main())

@@ -8,8 +8,10 @@ import json
 import logging
 import os
 import socket
+import struct
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 
@@ -149,3 +151,37 @@ def test_a_stale_socket_is_replaced_and_a_regular_file_refused(tmp_path: Path) -
     with pytest.raises(ConfigError, match="exists and is not a socket"):
         asyncio.run(app.serve())
     assert sock.read_text() == "not a socket"
+
+
+def test_admin_clients_that_reset_their_connection_log_no_traceback(tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """Over TCP and the Unix socket, before and after the request is complete."""
+    token = tmp_path / "token"
+    token.write_text("s3cret-token\n")
+    os.chmod(token, 0o600)
+    sock = tmp_path / "admin.sock"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    request = b"POST /v1/drain HTTP/1.1\r\nAuthorization: Bearer s3cret-token\r\nContent-Length: 2\r\n\r\n{}"
+
+    def reset(family: socket.AddressFamily, address: Any, data: bytes) -> None:
+        with socket.socket(family) as s:
+            s.connect(address)
+            if family == socket.AF_INET:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close sends RST
+            s.sendall(data)
+
+    async def main() -> None:
+        async with running(config(admin=AdminConfig(socket=sock, port=port, token_file=token))):
+            for i in range(20):
+                for family, address in ((socket.AF_INET, ("127.0.0.1", port)), (socket.AF_UNIX, str(sock))):
+                    await asyncio.to_thread(reset, family, address, request if i % 2 else request[:30])
+                    await asyncio.sleep(0.01)
+            await asyncio.sleep(0.5)
+            assert await asyncio.to_thread(raw, sock, post(b"", "/v1/status").replace(b"POST", b"GET")) == (200, ANY)
+
+    caplog.set_level(logging.INFO)
+    asyncio.run(main())
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, [r.getMessage() for r in errors[:3]]

@@ -26,6 +26,7 @@ from cluster import Cluster, cluster, needs_haproxy
 from streamd.admin_client import request
 from streamd.clients.resume import ResumingStream
 from streamd.protocol import Final, Start
+from streamd.server.resume import log_name
 from test_daemon import WAVS, pcm_of
 
 pytestmark = needs_haproxy
@@ -134,8 +135,9 @@ def test_streams_beyond_a_daemons_capacity_go_to_one_with_room(tmp_path: Path) -
         return ws
 
     def session(ws: websockets.ClientConnection) -> str:
+        """How the daemon's log names the stream's session (a digest of its id)."""
         assert ws.response is not None
-        return str(ws.response.headers["X-Streamd-Session"])
+        return log_name(str(ws.response.headers["X-Streamd-Session"]))
 
     async def main() -> None:
         async with cluster(tmp_path, {"small": ["--max-streams", "1"], "big": ["--max-streams", "4"]}) as c:

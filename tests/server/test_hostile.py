@@ -244,3 +244,56 @@ def test_a_thousand_resets_mid_chunk_leak_nothing() -> None:
             assert took < 120
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("endpoint", ["native", "realtime"])
+def test_no_client_can_make_an_utterance_longer_than_the_server_limit(endpoint: str) -> None:
+    """Endpointing off (native `"endpointing": false`, realtime `turn_detection: null`) and speech
+    that goes on: the daemon still cuts at `utterance_limit_s` (a final at the cut, nothing lost),
+    so no partial grows without bound."""
+    limit_s = 1.5
+    speech = SPEECH * 3
+
+    async def main() -> None:
+        async with running(config(utterance_limit_s=limit_s)) as (app, url):
+            if endpoint == "native":
+                start = {**START, "endpointing": {"max_utterance_ms": 0, "silence_after_speech_ms": 0}}
+                out = await stream_pcm(url, speech, np.random.default_rng(0), start=start)
+                assert out.of("ready")[0]["endpointing"]["max_utterance_ms"] == limit_s * 1000
+                finals = out.of("final")
+                cut = [f for f in finals if f["reason"] == "max_utterance"]
+                spans = [f["end"] - f["start"] for f in finals]
+                biggest = max(len(m["text"]) for m in out.of("partial") + finals)
+                whole = " ".join(f["text"] for f in (await stream_pcm(url, speech, np.random.default_rng(0))).of("final"))
+                assert len(whole) > 3 * biggest
+            else:
+                ws = await websockets.connect(url + "/v1/realtime?intent=transcription")
+                await ws.recv()
+                off = {"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+                    "format": {"type": "audio/pcm", "rate": 16000}, "turn_detection": None}}}}
+                await ws.send(json.dumps(off))
+                await ws.recv()
+                for i in range(0, len(speech), 16000):
+                    await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                              "audio": base64.b64encode(speech[i:i + 16000]).decode()}))
+                events: list[dict[str, Any]] = []
+                while sum(e["type"].endswith("completed") for e in events) < 3:
+                    events.append(json.loads(await asyncio.wait_for(ws.recv(), 30)))
+                await ws.close()
+                cut = [e for e in events if e["type"].endswith("completed")]
+                spans = [e["usage"]["seconds"] for e in cut]
+                assert "input_audio_buffer.speech_stopped" not in {e["type"] for e in events}  # no server VAD
+            assert len(cut) >= 3
+            assert max(spans) <= limit_s + 0.08
+
+    asyncio.run(main())
+
+
+def test_the_resume_ring_is_bounded_in_bytes() -> None:
+    from streamd.server.resume import RING_BYTES, ResumeState
+
+    state = ResumeState("s")
+    for seq in range(1000):
+        state.record(seq, "x" * 10_000)
+    assert state.sent_chars <= RING_BYTES and len(state.sent) == RING_BYTES // 10_000
+    assert state.after(998) == ["x" * 10_000] and state.after(10) is None

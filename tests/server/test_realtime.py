@@ -340,6 +340,17 @@ BAD_EVENTS: list[tuple[str | bytes, str, str | None]] = [
     # Valid, but the format cannot change once audio was appended.
     (json.dumps({"type": "session.update", "event_id": "e19", "session": ga_session({"type": "audio/pcma"})}),
      "session_update_after_audio", "session"),
+    # A list or an object where a format name is expected.
+    (json.dumps({"type": "transcription_session.update", "event_id": "e20", "session": {"input_audio_format": ["pcm16"]}}),
+     "invalid_value", "session.input_audio_format"),
+    (json.dumps({"type": "transcription_session.update", "event_id": "e21",
+                 "session": {"input_audio_format": {"type": "pcm16"}}}), "invalid_value", "session.input_audio_format"),
+    (json.dumps({"type": "session.update", "event_id": "e22", "session": ga_session({"type": ["audio/pcm"]})}),
+     "invalid_value", "session.audio.input.format.type"),
+    (json.dumps({"type": "session.update", "event_id": "e23", "session": ga_session({"type": {"a": 1}})}),
+     "invalid_value", "session.audio.input.format.type"),
+    # An event_id too long to echo.
+    (json.dumps({"type": "input_audio_buffer.clear", "event_id": "x" * 200_000}), "invalid_value", "event_id"),
 ]
 
 
@@ -363,7 +374,8 @@ def test_bad_events_get_errors_and_leave_every_stream_untouched() -> None:
                 event_id = json.loads(event)["event_id"]
             except (ValueError, TypeError, KeyError, RecursionError):
                 event_id = None
-            assert error["event_id"] == (event_id if isinstance(event_id, str) else None)
+            assert error["event_id"] == (event_id if isinstance(event_id, str) and len(event_id) < 1000 else None)
+            assert len(error["message"]) < 500
             if i % 4 == 0:  # good audio between the bad events
                 await client.append(audio[sent:sent + 3200], 3200)
                 sent += 3200

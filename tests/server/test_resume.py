@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +113,8 @@ def test_the_resume_protocol() -> None:
 
             last_seq = seen[-2]["seq"]  # the client missed the finalize's final
             ws = await websockets.connect(url + f"/v1/stream?session={sid}")
-            await ws.send(json.dumps({**json.loads(start), "resume": {"session_id": sid, "last_seq": last_seq}}))
+            await ws.send(json.dumps({**json.loads(start), "resume": {"session_id": sid, "secret": ready["resume_secret"],
+                                                                      "last_seq": last_seq}}))
             resumed = json.loads(await ws.recv())
             assert resumed == {"type": "resumed", "seq": last_seq, "session_id": sid, "audio_bytes": 96000,
                                "finalizes": 1}
@@ -200,3 +202,143 @@ def test_replay_buffer_positions() -> None:
     small.bound(Final(0, "x", 0.2, 0.5, 1.0, "endpoint"))
     assert (small.base_bytes, small.base_utterance, small.held) == (100, 1, 200)
     assert np.isclose(small.base_seconds, 0.5)
+
+
+def test_only_the_owner_resumes_a_session_and_logs_hold_no_id_or_secret(caplog: pytest.LogCaptureFixture) -> None:
+    """The session id alone (it travels in URLs and the handshake answer) resumes nothing: a second
+    client that has it gets a new session and the owner's stream goes on, live or parked; the
+    owner, with the resume secret from `ready`, resumes it. A live connection is never taken over
+    silently. No INFO log line holds a session id or a secret."""
+    start = {"type": "start", "sample_rate": 16000, "encoding": "s16le", "interim_results": False}
+    seen: set[str] = set()
+
+    async def intruder(url: str, sid: str, secret: str | None) -> None:
+        resume: dict[str, Any] = {"session_id": sid, "last_seq": 0}
+        if secret is not None:
+            resume["secret"] = secret
+        async with websockets.connect(url + f"/v1/stream?session={sid}") as ws:
+            await ws.send(json.dumps({**start, "resume": resume}))
+            first = json.loads(await ws.recv())
+            assert first["type"] == "ready" and first["session_id"] != sid, first  # a new session, nothing replayed
+            seen.update((first["session_id"], first["resume_secret"]))
+            await ws.send(json.dumps({"type": "stop"}))
+            rest = [json.loads(m) async for m in ws]
+            assert [m["type"] for m in rest] == ["final", "summary"] and rest[0]["text"] == ""
+
+    async def main() -> None:
+        async with running(config(resume_grace_s=10.0)) as (app, url):
+            owner = await websockets.connect(url + "/v1/stream")
+            await owner.send(json.dumps(start))
+            ready = json.loads(await owner.recv())
+            sid, secret = ready["session_id"], ready["resume_secret"]
+            seen.update((sid, secret))
+            assert len(secret) >= 32 and secret not in owner.response.headers.values()
+            await owner.send(PCM[:64000])
+            await owner.send(json.dumps({"type": "finalize"}))
+            final = json.loads(await owner.recv())
+            assert final["type"] == "final" and final["text"]
+
+            for guess in (None, "", secret[:-1] + ("A" if secret[-1] != "A" else "B")):
+                await intruder(url, sid, guess)  # the live session is not taken over
+            await owner.send(PCM[64000:96000])
+            await owner.send(json.dumps({"type": "finalize"}))
+            assert json.loads(await owner.recv())["seq"] == final["seq"] + 1  # the owner's stream goes on
+
+            owner.transport.abort()
+            while app.state.sessions.parked != 1:
+                await asyncio.sleep(0.01)
+            await intruder(url, sid, None)  # nor the parked one
+            assert app.state.sessions.parked == 1
+
+            back = await websockets.connect(url + f"/v1/stream?session={sid}")
+            await back.send(json.dumps({**start, "resume": {"session_id": sid, "secret": secret,
+                                                            "last_seq": final["seq"]}}))
+            resumed = json.loads(await back.recv())
+            assert resumed["type"] == "resumed" and resumed["audio_bytes"] == 96000
+            assert json.loads(await back.recv())["reason"] == "finalize"  # replayed
+
+            # The owner again, while `back` still looks alive: `back` is told, not cut silently.
+            again = await websockets.connect(url + "/v1/stream")
+            await again.send(json.dumps({**start, "resume": {"session_id": sid, "secret": secret,
+                                                             "last_seq": final["seq"] + 1}}))
+            assert json.loads(await again.recv())["type"] == "resumed"
+            with pytest.raises(websockets.ConnectionClosed):
+                await asyncio.wait_for(back.recv(), 5)
+            assert back.close_code == 4409 and "another connection" in back.close_reason
+            await again.send(json.dumps({"type": "stop"}))
+            assert [json.loads(m)["type"] async for m in again][-1] == "summary"
+            text = app.state.metrics.render().decode()
+            assert 'streamd_resumes_total{result="refused"} 4.0' in text
+            assert 'streamd_resumes_total{result="resumed"} 2.0' in text
+
+    caplog.set_level(logging.INFO)
+    asyncio.run(main())
+    logged = "\n".join(r.getMessage() + " " + str(vars(r)) for r in caplog.records)
+    assert "parked" in logged and "resumed after seq" in logged
+    leaked = [s for s in seen if s in logged]
+    assert not leaked, f"session ids or secrets in the log: {leaked}"
+
+
+async def _park(url: str, app: Any, n: int) -> None:
+    """`n` streams whose clients vanish (TCP reset): parked."""
+    for _ in range(n):
+        ws = await websockets.connect(url + "/v1/stream")
+        await ws.send(json.dumps({"type": "start", "sample_rate": 16000, "encoding": "s16le"}))
+        await ws.recv()
+        await ws.send(PCM[:8000])
+        ws.transport.abort()
+    while app.state.sessions.parked != n:
+        await asyncio.sleep(0.01)
+
+
+async def _first_answer(url: str, finalize: bool = False) -> str:
+    """Open a stream at once: `ready`, an error code, or the HTTP status that refused it."""
+    try:
+        async with websockets.connect(url + "/v1/stream") as ws:
+            await ws.send(json.dumps({"type": "start", "sample_rate": 16000, "encoding": "s16le"}))
+            first = json.loads(await ws.recv())
+            if first["type"] != "ready":
+                return str(first["code"])
+            await ws.send(PCM[:32000])
+            if finalize:
+                await ws.send(json.dumps({"type": "finalize"}))
+                await ws.send(PCM[32000:48000])
+            await ws.send(json.dumps({"type": "stop"}))
+            last = [json.loads(m) async for m in ws][-1]
+            return "ready" if last["type"] == "summary" else str(last.get("code"))
+    except websockets.InvalidStatus as e:
+        return str(e.response.status_code)
+
+
+def test_a_full_daemon_of_parked_streams_takes_as_many_new_ones_at_once() -> None:
+    """Every parked stream's slot goes to a new stream, however many come at once."""
+    n = 6
+
+    async def main() -> None:
+        async with running(config(max_streams=n, admission="max_streams", resume_grace_s=30.0)) as (app, url):
+            await _park(url, app, n)
+            answers = await asyncio.gather(*(_first_answer(url) for _ in range(n)))
+            assert answers == ["ready"] * n
+            assert app.state.sessions.parked == 0
+
+    asyncio.run(main())
+
+
+def test_a_finalize_in_flight_does_not_turn_an_admitted_stream_away() -> None:
+    """A stream whose finalize is in flight holds a second engine slot until the first segment is
+    flushed; a stream the daemon admitted meanwhile waits for a slot instead of `overloaded`."""
+    async def main() -> None:
+        async with running(config(max_streams=2, admission="max_streams", max_backlog_s=120.0)) as (app, url):
+            ws = await websockets.connect(url + "/v1/stream")
+            await ws.send(json.dumps({"type": "start", "sample_rate": 16000, "encoding": "s16le"}))
+            await ws.recv()
+            for i in range(0, len(PCM) * 4, 64000):  # about 45 s at once: its segment takes a while to flush
+                await ws.send((PCM * 4)[i:i + 64000])
+            await ws.send(json.dumps({"type": "finalize"}))
+            async with asyncio.timeout(10):
+                while app.state.engine.recognizer.active < 2:
+                    await asyncio.sleep(0.002)
+            assert await _first_answer(url) == "ready"
+            await ws.close()
+
+    asyncio.run(main())

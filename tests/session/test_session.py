@@ -172,3 +172,24 @@ def test_messages_out_of_order_are_refused(messages: list[str | bytes], error: s
     with pytest.raises(ProtocolViolation, match=error):
         s.receive(messages[-1])
     assert s.commands() == []  # nothing for the engine
+
+
+@pytest.mark.parametrize("rate", [8000, 24000, 44100, 48000])
+def test_finalize_keeps_a_resampled_stream_s_audio_in_its_own_segment(rate: int) -> None:
+    """The resampler holds back a few ms; at `finalize` they go to the segment it ends, not to
+    the next utterance (loud noise, then silence after the finalize: the next segment is silent)."""
+    s, _ = session()
+    s.receive(json.dumps({"type": "start", "sample_rate": rate, "encoding": "s16le"}))
+    [first] = s.commands()
+    noise = (np.random.default_rng(0).uniform(-0.5, 0.5, rate) * 32767).astype("<i2").tobytes()
+    s.receive(noise)
+    s.receive(FINALIZE)
+    s.receive(np.zeros(rate, "<i2").tobytes())
+    pushed: dict[int, list[np.ndarray]] = {}
+    for c in s.commands():
+        if isinstance(c, Push):
+            pushed.setdefault(id(c.segment), []).append(c.samples)
+    before = np.concatenate(pushed[id(first.segment)])
+    after = np.concatenate([x for k, v in pushed.items() if k != id(first.segment) for x in v])
+    assert abs(before.size - 16000) <= 2  # all of the noise's second, at the model's rate
+    assert np.abs(after).max() < 1e-3  # nothing of it in the next utterance
