@@ -25,9 +25,10 @@ async def admin(sock: Path, method: str, path: str, body: dict[str, Any] | None 
 
 
 async def streams_with_migrations(sock: Path, url: str, moves: list[str | None]) -> tuple[list[Any], list[dict[str, Any]]]:
-    """16 paced streams (about 2 s each); the moves (dtype names) happen one after another while they run."""
+    """16 paced streams (about 4 s each, so that a loaded machine still moves them mid-stream); the moves
+    (dtype names) happen one after another while they run."""
     jobs = [asyncio.create_task(stream_pcm(url, pcm_of(WAVS[i % len(WAVS)]), np.random.default_rng(i),
-                                           max_piece=3000, pace_s=0.03)) for i in range(N_STREAMS)]
+                                           max_piece=3000, pace_s=0.06)) for i in range(N_STREAMS)]
     reports = []
     for dtype in moves:
         await asyncio.sleep(0.15)
@@ -77,7 +78,7 @@ def test_failed_migrations_roll_back_and_streams_continue(tmp_path: Path, monkey
         async with running(config(admin=AdminConfig(socket=sock))) as (app, url):
             baseline, _ = await streams_with_migrations(sock, url, [])
             jobs = [asyncio.create_task(stream_pcm(url, pcm_of(WAVS[i % len(WAVS)]), np.random.default_rng(i),
-                                                   max_piece=3000, pace_s=0.03)) for i in range(N_STREAMS)]
+                                                   max_piece=3000, pace_s=0.06)) for i in range(N_STREAMS)]
             await asyncio.sleep(0.1)
             status, body = await admin(sock, "POST", "/v1/migrate", {"device": "cuda:7"})
             assert status == 409 and not body["ok"] and "cuda" in body["migration"]["error"]
