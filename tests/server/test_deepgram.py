@@ -13,58 +13,21 @@ from typing import Any
 import numpy as np
 import pytest
 import websockets
-from websockets.asyncio.client import ClientConnection
 
 from daemon import config, running, stream_pcm
 from streamd.server.realtime import G711
-from test_realtime import g711_encode, native_finals, pieces, s16, speech
+from test_realtime import EventClient, g711_encode, native_finals, pieces, s16, speech
 
 PIECE = 3200  # bytes of 16 kHz linear16 per message: 100 ms
 TOKEN = "dg-secret-key-123"
 
 
-class Client:
-    """A plain websocket client of /v1/listen that keeps every server message."""
-
-    def __init__(self, ws: ClientConnection) -> None:
-        self.ws = ws
-        self.messages: list[dict[str, Any]] = []
-        self.close_code: int | None = None
-        self._changed = asyncio.Event()
-        self._reader = asyncio.create_task(self._read())
-
-    async def _read(self) -> None:
-        try:
-            async for text in self.ws:
-                self.messages.append(json.loads(text))
-                self._changed.set()
-        except websockets.ConnectionClosed:
-            pass
-        self.close_code = self.ws.close_code
-        self._changed.set()
-
-    async def send(self, kind: str, **fields: Any) -> None:
-        await self.ws.send(json.dumps({"type": kind, **fields}))
+class Client(EventClient):
+    """A plain websocket client of /v1/listen (its server messages in `events`)."""
 
     async def audio(self, data: bytes, piece: int = PIECE) -> None:
         for chunk in pieces(data, piece):
             await self.ws.send(chunk)
-
-    async def wait(self, kind: str, total: int = 1, timeout: float = 60, **match: Any) -> dict[str, Any]:
-        """The `total`-th message of `kind` (with the fields in `match`), once it has come."""
-        async with asyncio.timeout(timeout):
-            while len(self.of(kind, **match)) < total:
-                assert not self._reader.done(), f"closed waiting for {kind}: {self.messages[-3:]}"
-                await self._changed.wait()
-                self._changed.clear()
-        return self.of(kind, **match)[total - 1]
-
-    async def closed(self) -> int | None:
-        await self._reader
-        return self.close_code
-
-    def of(self, kind: str, **match: Any) -> list[dict[str, Any]]:
-        return [m for m in self.messages if m["type"] == kind and all(m.get(k) == v for k, v in match.items())]
 
     def finals(self) -> list[dict[str, Any]]:
         return self.of("Results", is_final=True)
@@ -110,7 +73,7 @@ def test_results_speech_events_and_metadata_like_the_native_protocol() -> None:
     metadata = {json.dumps(r["metadata"], sort_keys=True) for r in client.of("Results")}
     assert len(metadata) == 1 and client.of("Results")[0]["metadata"]["extra"] == {"team": "voice"}
     # SpeechStarted comes once per spoken utterance, before its first Results, at its first word.
-    kinds = [m["type"] for m in client.messages]
+    kinds = [m["type"] for m in client.events]
     started = client.of("SpeechStarted")
     assert len(started) == len([n for n in native if n["text"]])
     assert kinds.index("SpeechStarted") < kinds.index("Results")
@@ -122,12 +85,12 @@ def test_results_speech_events_and_metadata_like_the_native_protocol() -> None:
     ends = [e["last_word_end"] for e in client.of("UtteranceEnd")]
     assert ends == [end for end, gap in gaps if gap >= 1.0] and len(ends) >= 2
     for end in ends:
-        at = client.messages.index(next(e for e in client.of("UtteranceEnd") if e["last_word_end"] == end))
-        later = [w["start"] for m in client.messages[at:] if m["type"] == "Results"
+        at = client.events.index(next(e for e in client.of("UtteranceEnd") if e["last_word_end"] == end))
+        later = [w["start"] for m in client.events[at:] if m["type"] == "Results"
                  for w in m["channel"]["alternatives"][0]["words"]]
         assert min(later, default=end + 1) >= end + 1.0
     # Metadata last: the audio's length and hash, the model served and the one asked for.
-    meta = client.messages[-1]
+    meta = client.events[-1]
     assert meta["type"] == "Metadata" and meta["duration"] == round(len(audio) / 32000, 3)
     assert meta["sha256"] == hashlib.sha256(audio).hexdigest() and meta["channels"] == 1
     assert meta["request_id"] == client.of("Results")[0]["metadata"]["request_id"]
@@ -163,7 +126,7 @@ def test_finalize_keepalive_and_endpointing_off() -> None:
     assert [transcript(f) for f in finals[:2]] == [f["text"] for f in native] and native[0]["text"]
     assert [(f["from_finalize"], f["speech_final"]) for f in finals[:2]] == [(True, False), (True, False)]
     # CloseStream after a Finalize: an empty last final, then Metadata.
-    assert [m["type"] for m in client.messages[len(finals) - 1:]][-2:] == ["Results", "Metadata"]
+    assert [m["type"] for m in client.events[len(finals) - 1:]][-2:] == ["Results", "Metadata"]
     assert not client.of("Error")
 
 
@@ -255,10 +218,10 @@ def test_bad_parameters_and_messages_get_clear_errors_and_leave_streams_untouche
     assert [transcript(f) for f in bad.finals()] == expected, "bad messages lose no audio"
     warnings = bad.of("Error", variant="UnsupportedParameter")
     assert [w["message"] for w in warnings] == ["punctuate", "keywords", "frobnicate", "diarize"]
-    assert bad.messages[:4] == warnings[:4], "warnings come first"
+    assert bad.events[:4] == warnings[:4], "warnings come first"
     assert "punctuate=true is not supported" in warnings[0]["description"]
     assert "unknown parameter frobnicate" in warnings[2]["description"]
-    assert [w["parameter"] for w in bad.messages[-1]["warnings"]] == ["punctuate", "keywords", "frobnicate", "diarize"]
+    assert [w["parameter"] for w in bad.events[-1]["warnings"]] == ["punctuate", "keywords", "frobnicate", "diarize"]
     assert len(bad.of("Error")) == 4 + len(BAD_MESSAGES)
 
 
@@ -295,7 +258,7 @@ def test_token_auth_limits_idle_and_shutdown_are_shared(tmp_path: Path) -> None:
             await client.wait("Results")
             app.state.shutdown.set()
             assert await client.closed() == 1001
-            assert [m["type"] for m in client.messages[-2:]] == ["Results", "Metadata"]
+            assert [m["type"] for m in client.events[-2:]] == ["Results", "Metadata"]
             assert transcript(client.finals()[-1])
     asyncio.run(main())
 

@@ -35,18 +35,23 @@ def speak(text: str, path: Path) -> bytes:
     return np.asarray(pcm, dtype="<i2").tobytes()
 
 
-def test_shipped_model_transcribes_espeak_speech_through_the_daemon(tmp_path: Path) -> None:
-    assert DEFAULT_MODEL.exists() and DEFAULT_MODEL.stat().st_size <= 25_000_000
-    audio = [speak(s, tmp_path / f"{i}.wav") for i, s in enumerate(SENTENCES)]
-
+def serve_default_model(audio: list[bytes], rate: int) -> list[str]:
+    """Each s16le clip streamed at once to a daemon started with no model flag: its finals' text."""
     async def main() -> list[str]:
         async with running(config(model=None)) as (_, url):
-            start = {"type": "start", "sample_rate": 22050, "encoding": "s16le"}
+            start = {"type": "start", "sample_rate": rate, "encoding": "s16le"}
             rng = np.random.default_rng(0)
             transcripts = await asyncio.gather(*(stream_pcm(url, pcm, rng, start) for pcm in audio))
         return [" ".join(f["text"] for f in t.of("final")) for t in transcripts]
 
-    hyps = asyncio.run(main())
+    return asyncio.run(main())
+
+
+def test_shipped_model_transcribes_espeak_speech_through_the_daemon(tmp_path: Path) -> None:
+    assert DEFAULT_MODEL.exists() and DEFAULT_MODEL.stat().st_size <= 25_000_000
+    audio = [speak(s, tmp_path / f"{i}.wav") for i, s in enumerate(SENTENCES)]
+
+    hyps = serve_default_model(audio, 22050)
     score = wer(zip(SENTENCES, hyps))
     print("\n".join(f"{r!r} -> {h!r}" for r, h in zip(SENTENCES, hyps)), f"WER {score:.1f}%")
     assert score <= MAX_WER, list(zip(SENTENCES, hyps))
@@ -62,14 +67,7 @@ def test_shipped_model_transcribes_real_people_through_the_daemon() -> None:
     rows = [json.loads(line) for line in (REAL / "manifest.jsonl").read_text().splitlines()]
     audio = [np.asarray(sf.read(str(REAL / r["audio"]), dtype="int16")[0], dtype="<i2").tobytes() for r in rows]
 
-    async def main() -> list[str]:
-        async with running(config(model=None)) as (_, url):
-            start = {"type": "start", "sample_rate": 16000, "encoding": "s16le"}
-            rng = np.random.default_rng(0)
-            transcripts = await asyncio.gather(*(stream_pcm(url, pcm, rng, start) for pcm in audio))
-        return [" ".join(f["text"] for f in t.of("final")) for t in transcripts]
-
-    hyps = asyncio.run(main())
+    hyps = serve_default_model(audio, 16000)
     score = wer(zip((r["text"] for r in rows), hyps))
     print("\n".join(f"{r['text']!r} -> {h!r}" for r, h in zip(rows, hyps)), f"WER {score:.1f}%")
     assert score <= MAX_REAL_WER, list(zip((r["text"] for r in rows), hyps))

@@ -60,8 +60,8 @@ def pieces(data: bytes, size: int) -> Iterator[bytes]:
         yield data[i:i + size]
 
 
-class Client:
-    """A plain websocket client of /v1/realtime that keeps every server event."""
+class EventClient:
+    """A plain websocket client that keeps every JSON message the server sends (`events`)."""
 
     def __init__(self, ws: ClientConnection) -> None:
         self.ws = ws
@@ -83,25 +83,29 @@ class Client:
     async def send(self, kind: str, **fields: Any) -> None:
         await self.ws.send(json.dumps({"type": kind, **fields}))
 
-    async def append(self, data: bytes, piece: int) -> None:
-        for chunk in pieces(data, piece):
-            await self.send("input_audio_buffer.append", audio=base64.b64encode(chunk).decode())
-
-    async def wait(self, kind: str, total: int = 1, timeout: float = 60) -> dict[str, Any]:
-        """The `total`-th event of `kind` on this connection, once it has come."""
+    async def wait(self, kind: str, total: int = 1, timeout: float = 60, **match: Any) -> dict[str, Any]:
+        """The `total`-th event of `kind` (with the fields in `match`) on this connection, once it has come."""
         async with asyncio.timeout(timeout):
-            while len(self.of(kind)) < total:
+            while len(self.of(kind, **match)) < total:
                 assert not self._reader.done(), f"closed waiting for {kind}: {self.events[-3:]}"
                 await self._changed.wait()
                 self._changed.clear()
-        return self.of(kind)[total - 1]
+        return self.of(kind, **match)[total - 1]
 
     async def closed(self) -> int | None:
         await self._reader
         return self.close_code
 
-    def of(self, kind: str) -> list[dict[str, Any]]:
-        return [e for e in self.events if e["type"] == kind]
+    def of(self, kind: str, **match: Any) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["type"] == kind and all(e.get(k) == v for k, v in match.items())]
+
+
+class Client(EventClient):
+    """A plain websocket client of /v1/realtime."""
+
+    async def append(self, data: bytes, piece: int) -> None:
+        for chunk in pieces(data, piece):
+            await self.send("input_audio_buffer.append", audio=base64.b64encode(chunk).decode())
 
     def item_events(self, item: str) -> list[str]:
         return [e["type"] for e in self.events if e.get("item_id") == item]
