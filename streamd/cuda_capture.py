@@ -7,13 +7,19 @@ but a device-wide synchronize or `empty_cache` (which `torch.cuda.graph` itself 
 captures) while another thread captures invalidates that capture ("operation not permitted when
 stream is capturing"). `DEVICE_LOCK` is held around every capture and every such call of streamd.
 
-A capture that fails can leave the caching allocator recording to the capture's memory pool (some
-torch versions skip `endAllocateToPool` when `cudaStreamEndCapture` fails), and every later
-capture into that pool then fails with "beginAllocateToPool: already recording to mempool_id".
-`capture` ends the recording itself on failure, and puts the caller's stream back.
+A capture that fails leaves capture state behind in torch 2.11: `CUDAGraph.capture_end` raises as
+soon as `cudaStreamEndCapture` reports the invalidated capture, skipping the rest of its work.
+The device allocator keeps recording to the capture's pool (every later `empty_cache` and capture
+into it fail), so does the pinned-host allocator ("beginAllocateToPool: already recording to
+mempool_id" at every later capture into the pool), the default CUDA generator stays in capture
+mode ("Offset increment outside graph capture encountered unexpectedly" at every later random
+op), the pool keeps the reference the capture took, and the capture stream stays current.
+`capture` undoes each of these on failure (`unwind`); torch 2.12 and later undo some themselves,
+and every step tolerates that.
 """
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -22,34 +28,132 @@ import torch
 
 DEVICE_LOCK = threading.RLock()
 
+log = logging.getLogger("streamd.engine")
 
-def capture(graph: Any, fn: Callable[[], None], device: torch.device, pool: Any, stream: Any) -> None:
+# torch < 2.12: `CUDAGraph.reset` gives back the pool reference of successful captures only.
+RESET_KEEPS_FAILED_POOLS = torch.torch_version.TorchVersion(torch.__version__) < "2.12"
+
+# Graphs of failed captures, kept alive: torch 2.11's pinned-host allocator keeps a recording
+# entry whose filter reads its graph, and no Python call can end that entry.
+ABANDONED: list[Any] = []
+
+
+class GraphPool:
+    """A graph memory pool of one device, under the id of its current handle. A capture into it
+    that fails retires the id (`unwind`): later captures into the pool use a fresh one."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.handle: Any = torch.cuda.graph_pool_handle()
+        self.retired = 0
+
+    def retire(self) -> None:
+        self.handle = torch.cuda.graph_pool_handle()
+        self.retired += 1
+
+
+def capture(graph: Any, fn: Callable[[], None], device: torch.device, pool: GraphPool, stream: Any) -> None:
     """Capture `fn` into `graph` on `stream` (of `device`) with memory from `pool`, holding
-    `DEVICE_LOCK`. Raises what the capture raised, after ending the pool's recording."""
+    `DEVICE_LOCK`. Raises what the capture raised, after `unwind` left no capture state behind."""
     with DEVICE_LOCK, torch.cuda.device(device):
         caller = torch.cuda.current_stream(device)
         try:
-            with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
+            with torch.cuda.graph(graph, pool=pool.handle, stream=stream, capture_error_mode="thread_local"):
                 fn()
         except BaseException:
-            end_recording(device, pool)
+            torch.cuda.set_stream(caller)  # torch.cuda.graph leaves `stream` current when capture_end raises
+            unwind(graph, device, pool, stream)
             raise
         finally:
             torch.cuda.set_stream(caller)
 
 
-def end_recording(device: torch.device, pool: Any) -> bool:
-    """Stop the allocator recording to `pool` on `device` after a failed capture; False when it
-    was not recording (torch already ended it)."""
-    if pool is None:
-        return False
-    index = device.index if device.index is not None else torch.cuda.current_device()
+def unwind(graph: Any, device: torch.device, pool: GraphPool, stream: Any) -> None:
+    """Undo what the failed capture of `graph` into `pool` on `stream` left behind. Never raises
+    (a step that fails is logged): the capture's own error is the one to report."""
+    recording = _end_capture(graph, device, stream)
+    # Newer torch: reset() drops the generators' state of this capture and its capture id, and
+    # may end the recording and give the pool back itself (so it goes before our own ending).
+    _step("reset the graph", graph.reset)
+    ABANDONED.append(graph)
+    _step("end the pool's recording", lambda: _end_recording(device, pool.handle, recording))
+    # torch 2.11: only a capture_end that succeeds takes the default generator out of capture
+    # mode; a throwaway capture that succeeds does that.
+    _step("settle the default CUDA generator", lambda: settle_generator(device))
+    # torch 2.11 never ends the pinned-host allocator's recording to the pool's id, and that
+    # allocator refuses every later capture into the id: later captures use a fresh one.
+    pool.retire()
+
+
+def _end_capture(graph: Any, device: torch.device, stream: Any) -> bool:
+    """Take `stream` out of capture mode if it is still capturing (a failure before or inside
+    `capture_end`): `capture_end` calls `cudaStreamEndCapture`, which ends even an invalidated
+    capture, then raises. False if a capture_end finished here (torch ended the allocator's
+    recording, and `reset` gives the pool back); else True: the allocator may still record."""
+    try:
+        with torch.cuda.device(device), torch.cuda.stream(stream):
+            if not torch.cuda.is_current_stream_capturing():
+                return True
+            graph.capture_end()
+    except Exception:  # noqa: BLE001 - the invalidated capture: the stream left capture mode
+        return True
+    return False
+
+
+def _end_recording(device: torch.device, handle: Any, recording: bool) -> None:
+    """Stop the device allocator recording to `handle` (torch < 2.12 skips that when
+    cudaStreamEndCapture fails), and, where torch's `reset` will not, give back the reference to
+    the pool that capture_begin took along with it (else the pool's memory stays reserved)."""
+    if recording and end_recording(device, handle) and RESET_KEEPS_FAILED_POOLS:
+        torch._C._cuda_releasePool(_index(device), handle)
+
+
+def end_recording(device: torch.device, handle: Any) -> bool:
+    """Stop the device allocator recording to the pool `handle` on `device`; False when it was
+    not recording (torch already ended it)."""
     end = getattr(torch._C, "_cuda_endAllocateToPool", None) or torch._C._cuda_endAllocateCurrentStreamToPool  # older torch
     try:
-        end(index, pool)
+        end(_index(device), handle)
     except RuntimeError:  # "not currently recording to mempool_id"
         return False
     return True
+
+
+def settle_generator(device: torch.device) -> None:
+    """Capture one tiny kernel on a fresh side stream into a private pool: torch 2.11's
+    capture_begin puts the device's default generator in capture mode and this capture_end,
+    which succeeds, takes it out. If this capture fails too, it is unwound without settling."""
+    with torch.cuda.device(device):
+        scratch = torch.zeros(1, device=device)
+        side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+        side.wait_stream(torch.cuda.current_stream(device))
+        graph = torch.cuda.CUDAGraph()
+        handle = torch.cuda.graph_pool_handle()
+        try:
+            with torch.cuda.stream(side):
+                graph.capture_begin(pool=handle, capture_error_mode="thread_local")
+                try:
+                    scratch.add_(1)
+                finally:
+                    graph.capture_end()
+        except BaseException:
+            recording = _end_capture(graph, device, side)
+            _step("reset the throwaway graph", graph.reset)
+            ABANDONED.append(graph)
+            _step("end the throwaway pool's recording", lambda: _end_recording(device, handle, recording))
+            raise
+        graph.reset()  # gives its pool back
+
+
+def _step(what: str, fn: Callable[[], None]) -> None:
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - unwinding goes on; the capture's error is raised
+        log.warning("after a failed CUDA graph capture, could not %s (%s: %s)", what, type(e).__name__, e)
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def synchronize_and_free(device: torch.device) -> None:

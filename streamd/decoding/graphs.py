@@ -94,13 +94,13 @@ class CudaGraphBackend:
             graphs = {}
             for name, fn in steps.items():
                 g = torch.cuda.CUDAGraph(keep_graph=True)
-                cuda_capture.capture(g, fn, device, pool, stream)  # a failure ends the pool's recording
+                cuda_capture.capture(g, fn, device, pool, stream)  # a failure leaves no capture state behind
                 graphs[name] = g
         return graphs
 
-    def pool(self, device: torch.device) -> Any:
+    def pool(self, device: torch.device) -> cuda_capture.GraphPool:
         """The memory pool of the next capture: a new one each time."""
-        return torch.cuda.graph_pool_handle()
+        return cuda_capture.GraphPool(device)
 
     def instantiate(self, graphs: dict[str, Any]) -> None:
         for g in graphs.values():
@@ -127,11 +127,11 @@ class SharedPoolBackend(CudaGraphBackend):
     batch size: at thousands of streams, tens of GB."""
 
     def __init__(self) -> None:
-        self._pools: dict[torch.device, Any] = {}
+        self._pools: dict[torch.device, cuda_capture.GraphPool] = {}
 
-    def pool(self, device: torch.device) -> Any:
+    def pool(self, device: torch.device) -> cuda_capture.GraphPool:
         if device not in self._pools:
-            self._pools = {device: torch.cuda.graph_pool_handle()}  # another device: the old pool goes
+            self._pools = {device: cuda_capture.GraphPool(device)}  # another device: the old pool goes
         return self._pools[device]
 
 

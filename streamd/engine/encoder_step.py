@@ -29,9 +29,9 @@ exists before the first call, so a plain `model.to(...)` (another GPU, bf16, the
 needs no notification. An in-place weight update keeps the storage, and the graphs read the new
 values. A capture that fails (out of memory, a kernel that cannot be captured) logs a warning
 and calls `on_fallback`; that bucket then runs eagerly until the key changes (`eager_reason`
-says why), and the pool stays usable for the next capture (`streamd.cuda_capture`). Serving
-never breaks on it. `prepare` captures given batch sizes ahead of their calls (a migration's
-target, off the engine thread).
+says why), and the failure leaves no capture state behind, so later captures succeed
+(`streamd.cuda_capture`). Serving never breaks on it. `prepare` captures given batch sizes
+ahead of their calls (a migration's target, off the engine thread).
 """
 from __future__ import annotations
 
@@ -91,13 +91,12 @@ class EncoderGraphBackend:
         return device.type == "cuda"
 
     def new_pool(self, device: torch.device) -> Any:
-        with torch.cuda.device(device):
-            return torch.cuda.graph_pool_handle()
+        return cuda_capture.GraphPool(device)
 
     def capture(self, device: torch.device, fn: Callable[[], None], pool: Any) -> Any:
         """Warm `fn` up on a side stream of `device`, then capture it into a graph in `pool`
-        (`cuda_capture.capture`: no other thread's synchronize meanwhile; a failure ends the
-        pool's recording). Whatever fails, the caller's current stream is current again."""
+        (`cuda_capture.capture`: no other thread's synchronize meanwhile; a failure leaves no
+        capture state behind). Whatever fails, the caller's current stream is current again."""
         with torch.cuda.device(device):
             caller = torch.cuda.current_stream(device)
             stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
