@@ -21,14 +21,16 @@ export PYTHONUNBUFFERED=1
 what=${1:-all}
 status=0
 # The live-migration benchmark (issue 26): a real `streamd serve --workers` moved by the admin API.
-# MIGRATION_STREAMS_160 / _1120 (bf16 <-> fp16 and bf16 <-> fp32 moves), MIGRATION_CPU_STREAMS
-# (fp32 cuda:0 -> cpu -> cuda:0, tokens compared with an unmoved run), MIGRATION_WORKERS.
+# The issue's acceptance levels: 4 bf16 <-> fp16 moves with 3000 streams at 160 ms and 6000 at
+# 1120 ms, 4 bf16 <-> fp32 moves with 1500 and 4500, and fp32 cuda:0 -> cpu -> cuda:0 with 16 streams
+# (tokens compared with an unmoved run). MIGRATION_SPECS="CHUNK:STREAMS:DTYPE:MOVE,MOVE ..." replaces
+# them; MIGRATION_TESTS=0 skips the migration tests before them; MIGRATION_WORKERS (front ends, 8), MIGRATION_SETTLE_S (10), MIGRATION_TIMEOUT_S (300 a run).
 migration() {
   python3 -c "import sys; sys.path.insert(0, 'scripts'); from bench_migration import make_model; make_model('/tmp/fcl.pt', 1024)" || return 1
   local w=${MIGRATION_WORKERS:-8}
-  for spec in "160:${MIGRATION_STREAMS_160:-1500}:bf16:cuda:0/fp16,cuda:0/bf16" "160:${MIGRATION_STREAMS_160:-1500}:bf16:cuda:0/fp32,cuda:0/bf16" \
-              "1120:${MIGRATION_STREAMS_1120:-4500}:bf16:cuda:0/fp32,cuda:0/bf16" \
-              "160:${MIGRATION_CPU_STREAMS:-16}:fp32:cpu/fp32,cuda:0/fp32"; do
+  local half=cuda:0/fp16,cuda:0/bf16,cuda:0/fp16,cuda:0/bf16 full=cuda:0/fp32,cuda:0/bf16,cuda:0/fp32,cuda:0/bf16
+  for spec in ${MIGRATION_SPECS:-"160:3000:bf16:$half" "1120:6000:bf16:$half" "160:1500:bf16:$full" "1120:4500:bf16:$full" \
+              "160:16:fp32:cpu/fp32,cuda:0/fp32"}; do
     IFS=: read -r chunk n dtype moves <<< "$spec"
     timeout ${MIGRATION_TIMEOUT_S:-300} python3 scripts/bench_migration.py --model /tmp/fcl.pt --streams "$n" --chunk-ms "$chunk" \
       --workers "$w" --start "cuda:0/$dtype" --moves "$moves" --settle ${MIGRATION_SETTLE_S:-10} \
@@ -48,7 +50,9 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
     2>&1 | tee "$OUT/load.log" || status=1
 fi
 if [ "$what" = migration ]; then
-  timeout 150 python3 -m pytest -q -m cuda -p no:cacheprovider tests/engine/test_migration_cuda.py 2>&1 | tee "$OUT/cuda-tests.log" || status=1
+  if [ "${MIGRATION_TESTS:-1}" = 1 ]; then
+    timeout 150 python3 -m pytest -q -m cuda -p no:cacheprovider tests/engine/test_migration_cuda.py 2>&1 | tee "$OUT/cuda-tests.log" || status=1
+  fi
   migration
 fi
 if [ "$what" = capacity ]; then
