@@ -290,7 +290,10 @@ class GraphGreedyLabelLooping:
         if self.requested == EAGER or not self.backend.supports(device):
             return False
         with _exact(device):
-            return self._graphs_for(self.max_batch, 0) is not None
+            ready = self._graphs_for(self.max_batch, 0) is not None
+        if not ready:
+            self._failed = None  # it failed beside the source's memory: its first call tries again
+        return ready
 
     @property
     def eager_reason(self) -> str:
@@ -476,10 +479,13 @@ class BucketedGraphDecoder:
         """The bucket sizes whose graphs are captured."""
         return [size for size, d in sorted(self._buckets.items()) if d.key is not None]
 
-    def prepare(self, sizes: list[int]) -> list[int]:
+    def prepare(self, sizes: list[int], room: Callable[[], bool] | None = None) -> list[int]:
         """Capture now, largest first, the graphs of the buckets calls of `sizes` rows would use
-        (see `GraphGreedyLabelLooping.prepare`); returns the bucket sizes with graphs."""
+        (see `GraphGreedyLabelLooping.prepare`), while `room()` (if given) allows; returns the
+        bucket sizes with graphs."""
         for size in sorted({bucket_size(max(1, b), self.per_octave) for b in sizes}, reverse=True):
+            if room is not None and not room():
+                break
             d = self._buckets.get(size)
             if d is None:
                 d = self._buckets[size] = self._make(max_batch=size)

@@ -255,16 +255,22 @@ class EncoderStep:
         w = self.encoder.pre_encode.out.weight
         return EncoderGraphKey(w.device, w.dtype, self._storages.pointers(), att_context, window)
 
-    def prepare(self, sizes: list[int], window: tuple[int, int], att_context: tuple[int, int]) -> list[int]:
+    def prepare(self, sizes: list[int], window: tuple[int, int], att_context: tuple[int, int],
+                room: Callable[[], bool] | None = None) -> list[int]:
         """Capture now, largest first, the graphs that calls of `sizes` rows with (n_mels, W)
-        windows would capture (a migration captures its target's this way, off the engine
-        thread, before the cut-over). Returns the bucket sizes with a graph."""
+        windows would capture, while `room()` (if given) allows (a migration captures its
+        target's this way, off the engine thread, before the cut-over). A size that failed is
+        tried again on its first call (it failed beside the source's memory). Returns the bucket
+        sizes with a graph."""
         device = self.encoder.pre_encode.out.weight.device
         if self.requested == EAGER or self.encoder.training or not self.backend.supports(device):
             return []
         key = self._key_for(window, att_context)
         for size in sorted({bucket_size(b, self.per_octave) for b in sizes if b > 0}, reverse=True):
+            if room is not None and not room():
+                break
             self._bucket(key, size)
+        self._failed.clear()
         return self.buckets
 
     def reset(self) -> None:

@@ -32,8 +32,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from streamd.engine.migration import (MigrationFailed, MigrationReport, PreparedSteps, cut_over, placed_copy, placement,
-                                      prepare_steps, stage_cache)
+from streamd.engine.migration import (MemoryGuard, MigrationFailed, MigrationReport, PreparedSteps, cut_over,
+                                      placed_copy, placement, prepare_steps, stage_cache, target_bytes)
 from streamd.engine.placement import DTYPE_NAMES
 from streamd.engine.recognizer import ChunkResult, Launched, Recognizer
 from streamd.engine.stream import ChunkGeometry, Stream
@@ -298,11 +298,15 @@ class Engine:
                     report.ok, report.moved = True, False
                     return report
                 t0 = time.perf_counter()
+                guard = MemoryGuard(dev)
+                await asyncio.to_thread(guard.require, target_bytes(master, dt, rec.capacity, rec.att_context),
+                                        "the model and its stream state")
                 target = await asyncio.to_thread(placed_copy, master, dev, dt, rec.att_context)
                 staged = await asyncio.to_thread(stage_cache, target, rec.capacity, rec.att_context)
-                steps = await asyncio.to_thread(prepare_steps, rec, target, rec.graph_sizes())
+                steps = await asyncio.to_thread(prepare_steps, rec, target, rec.graph_sizes(), guard.room)
                 report.prepare_ms = (time.perf_counter() - t0) * 1000
                 report.recapture_ms, report.graphs = steps.capture_ms, steps.graphs
+                report.graphs_deferred = steps.deferred
                 self._set_cutting_over(True)
                 try:
                     report.pause_ms, report.streams, before, landed = await self.call(

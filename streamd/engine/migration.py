@@ -11,6 +11,12 @@
    Every CUDA call of this preparation that could break a capture on the engine thread (a
    synchronize, `empty_cache`, a capture) holds `cuda_capture.DEVICE_LOCK`, as the engine
    thread's captures do.
+   On a GPU the preparation leaves `MIN_FREE` of the target's memory to serving (`MemoryGuard`):
+   a target whose weights and slot state would not fit beside what serves now is refused before
+   anything is allocated, and graph captures stop when free memory falls to that share (the
+   steps that serve meanwhile allocate too: a move that filled the GPU made them fail). The
+   batch sizes left are captured on their first step after the move, when the source's graphs
+   are gone.
 2. At a step boundary (on the engine thread, via `Engine.call`) `cut_over` swaps the model and
    its prepared steps in and copies every live stream's encoder caches and decoder state to the
    target. On any error everything is put back as it was (the source's graphs included).
@@ -22,7 +28,8 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 import torch
@@ -35,6 +42,8 @@ from streamd.model.encoder import EncoderCache
 from streamd.model.transducer import Transducer
 
 log = logging.getLogger("streamd.engine")
+
+MIN_FREE = 0.1  # the share of a GPU's memory a migration leaves to serving while it prepares
 
 
 class MigrationFailed(RuntimeError):
@@ -54,6 +63,7 @@ class MigrationReport:
     moved: bool = True  # False: the model already was at the target, nothing was done
     recapture_ms: float = 0.0  # part of prepare_ms: the target's CUDA graphs captured
     graphs: str = ""  # the batch sizes captured for the target ("encoder 12, decoder 9"), '' on a CPU
+    graphs_deferred: int = 0  # batch sizes left to capture on their first step after the move (GPU memory)
     # last results delivered before the pause -> first after it (at most one chunk counted
     # before the pause); None: no stream had a chunk waiting at the cut-over, or no step came
     serving_gap_ms: float | None = None
@@ -64,6 +74,50 @@ class MigrationReport:
 
 def placement(model: Transducer) -> str:
     return f"{model.device} {DTYPE_NAMES[model.dtype]}"
+
+
+def free_memory(device: torch.device) -> tuple[int, int] | None:
+    """(free, total) bytes of a CUDA device (None elsewhere); off the engine thread, under
+    DEVICE_LOCK like every other CUDA call of a migration's preparation."""
+    if device.type != "cuda":
+        return None
+    with DEVICE_LOCK:
+        return torch.cuda.mem_get_info(device)
+
+
+def target_bytes(master: Transducer, dtype: torch.dtype, capacity: int, att_context: tuple[int, int]) -> int:
+    """Bytes the target's weights and encoder slot state take at `dtype` (graphs come on top)."""
+    size = torch.empty((), dtype=dtype).element_size()
+    weights = sum(t.numel() * (size if t.is_floating_point() else t.element_size())
+                  for t in (*master.parameters(), *master.buffers()))
+    cache = master.encoder.init_cache(capacity, att_context, torch.device("meta"), dtype)
+    state = sum(t.numel() * t.element_size() for t in (getattr(cache, f.name) for f in fields(cache))
+                if isinstance(t, torch.Tensor))
+    return weights + state
+
+
+class MemoryGuard:
+    """Keeps `min_free` of the target GPU's memory free for serving while a migration prepares
+    (does nothing on a CPU)."""
+
+    def __init__(self, device: torch.device, min_free: float = MIN_FREE) -> None:
+        self.device, self.min_free = device, min_free
+
+    def require(self, need: int, what: str) -> None:
+        """Raise MigrationFailed, naming the numbers, if `need` more bytes would leave less free."""
+        info = free_memory(self.device)
+        if info is None:
+            return
+        free, total = info
+        if free - need < self.min_free * total:
+            raise MigrationFailed(
+                f"not enough memory on {self.device} for {what}: needs {need / 2**30:.1f} GiB, "
+                f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB free, {self.min_free:.0%} kept for serving")
+
+    def room(self) -> bool:
+        """Whether another graph may be captured now."""
+        info = free_memory(self.device)
+        return info is None or info[0] >= self.min_free * info[1]
 
 
 def placed_copy(master: Transducer, device: torch.device, dtype: torch.dtype,
@@ -102,27 +156,42 @@ def stage_cache(target: Transducer, capacity: int, att_context: tuple[int, int])
 
 @dataclass
 class PreparedSteps:
-    """The target's encoder step and search, with graphs captured for `graphs` batch sizes."""
+    """The target's encoder step and search, with graphs captured for `graphs` batch sizes and
+    `deferred` sizes left to their first step."""
 
     encoder_step: EncoderStep
     search: Search
     capture_ms: float
     graphs: str
+    deferred: int = 0
 
 
-def prepare_steps(rec: Recognizer, target: Transducer, sizes: tuple[list[int], list[int]]) -> PreparedSteps:
+def prepare_steps(rec: Recognizer, target: Transducer, sizes: tuple[list[int], list[int]],
+                  room: Callable[[], bool] | None = None) -> PreparedSteps:
     """The target's encoder step and search (the recognizer's factories), with the graphs of the
     batch sizes `sizes` (`Recognizer.graph_sizes()`: the encoder's and the decoder's) captured
-    now, off the engine thread, largest first. A size that fails to capture (out of memory)
-    is left to the lazy capture on its first step; on a CPU nothing is captured."""
+    now, off the engine thread, largest first, while `room()` (if given) allows. A size not
+    captured (no room, or out of memory) is left to the lazy capture on its first step; on a
+    CPU nothing is captured."""
     t0 = time.perf_counter()
+    stopped = False
+
+    def allowed() -> bool:
+        nonlocal stopped
+        stopped = stopped or (room is not None and not room())
+        return not stopped
+
     encoder_step, search = rec.encoder_factory(target), rec.search_factory(target)
     enc_sizes, dec_sizes = sizes
-    enc = encoder_step.prepare(enc_sizes, rec.mel_window, rec.att_context)
+    enc = encoder_step.prepare(enc_sizes, rec.mel_window, rec.att_context, allowed)
     prepare = getattr(search, "prepare", None)
-    dec = prepare(dec_sizes) if prepare is not None and dec_sizes else []
+    dec = prepare(dec_sizes, allowed) if prepare is not None and dec_sizes else []
     graphs = f"encoder {len(enc)}, decoder {len(dec)}" if enc or dec else ""
-    return PreparedSteps(encoder_step, search, (time.perf_counter() - t0) * 1000, graphs)
+    deferred = len(set(enc_sizes) - set(enc)) + len(set(dec_sizes) - set(dec)) if stopped else 0
+    if deferred:
+        log.warning("migration: the graphs of %d batch sizes are left to their first step after the move "
+                    "(%.0f%% of the GPU's memory kept free for serving)", deferred, MIN_FREE * 100)
+    return PreparedSteps(encoder_step, search, (time.perf_counter() - t0) * 1000, graphs, deferred)
 
 
 def cut_over(rec: Recognizer, target: Transducer, staged: EncoderCache | None = None,
@@ -136,16 +205,21 @@ def cut_over(rec: Recognizer, target: Transducer, staged: EncoderCache | None = 
     try:
         rec.use_model(target, staged, (steps.encoder_step, steps.search) if steps is not None else None)
         rec.state_tensors()
+        t1 = time.perf_counter()
         _synchronize(target.device)
     except Exception as e:
         rec.use_model(source, None, source_steps)
         rec.state_tensors()
         _empty_cache(target.device)
         raise MigrationFailed(f"{type(e).__name__}: {e}") from e
+    t2 = time.perf_counter()
     old_device = source.device
     del source, source_steps  # and with them the source's graphs and their pools
     _empty_cache(old_device)
-    return (time.perf_counter() - t0) * 1000, rec.active
+    t3 = time.perf_counter()
+    log.info("migration cut-over: state queued %.1f ms, synchronized %.1f ms, source released %.1f ms (%d streams)",
+             (t1 - t0) * 1000, (t2 - t1) * 1000, (t3 - t2) * 1000, rec.active)
+    return (t3 - t0) * 1000, rec.active
 
 
 def _probe(rec: Recognizer) -> None:

@@ -95,7 +95,8 @@ class Control:
         gap_text = "no step soon after" if report.serving_gap_ms is None else f"serving gap {report.serving_gap_ms:.1f} ms"
         log.info("admin: migrate %s -> %s: %s", report.source, report.target,
                  f"ok, paused {report.pause_ms:.1f} ms, {gap_text}; prepared in {report.prepare_ms:.0f} ms "
-                 f"({report.graphs or 'no graphs'} captured in {report.recapture_ms:.0f} ms)" if report.ok
+                 f"({report.graphs or 'no graphs'} captured in {report.recapture_ms:.0f} ms"
+                 f"{f', {report.graphs_deferred} left to their first step' if report.graphs_deferred else ''})" if report.ok
                  else f"failed ({report.error}); still on {report.source}")
         self.last_migration = report
         return report

@@ -138,3 +138,37 @@ def test_a_migration_prepared_while_the_engine_captures_breaks_nothing() -> None
             await engine.stop()
 
     asyncio.run(main())
+
+
+def test_a_migration_to_a_full_gpu_is_refused_and_serving_goes_on() -> None:
+    """The field report's last move: a target that does not fit beside what serves is refused
+    before anything is allocated (it once filled the GPU and the serving steps failed), and the
+    streams go on from the source's graphs."""
+    master = random_model(5, att_context_sizes=CONTEXT, d_model=128, n_layers=4, subsampling_channels=64)
+    fallbacks: list[str] = []
+    rng = np.random.default_rng(3)
+
+    async def main() -> None:
+        engine, rec = engine_on_cuda(master, 32, fallbacks)
+        engine.start()
+        try:
+            assert await engine.call(lambda r: r.capture_graphs(32))
+            sessions = [await engine.open() for _ in range(8)]
+            free, total = torch.cuda.mem_get_info()
+            filler = torch.empty(int(free - 0.09 * total), dtype=torch.uint8, device="cuda")  # 9 % left free
+            report = await engine.migrate(master, None, torch.bfloat16)
+            assert not report.ok and report.error.startswith("not enough memory on cuda"), report
+            for _ in range(2):
+                for s in sessions:
+                    engine.push(s, rng.standard_normal(rec.geometry.chunk_ms * 16).astype(np.float32) * 0.1)
+                for s in sessions:
+                    assert await asyncio.wait_for(s.results.get(), 60) is not None
+            assert engine.status.encoder == "graphs" and engine.status.dtype == "fp32" and fallbacks == []
+            del filler
+            torch.cuda.empty_cache()
+            report = await engine.migrate(master, None, torch.bfloat16)
+            assert report.ok and report.graphs_deferred == 0, report
+        finally:
+            await engine.stop()
+
+    asyncio.run(main())

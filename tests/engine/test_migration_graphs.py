@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from helpers import random_model
+from streamd.buckets import bucket_size
 from streamd.decoding.graphs import BucketedGraphDecoder
+from streamd.engine import migration
 from streamd.engine.encoder_step import EncoderStep
 from streamd.engine.engine import Engine
 from streamd.engine.recognizer import Recognizer
@@ -165,6 +167,84 @@ def test_a_failed_cut_over_keeps_the_sources_graphs(monkeypatch: pytest.MonkeyPa
             report = await engine.migrate(master, None, torch.bfloat16)
             assert not report.ok and "converting stream state" in report.error
             assert (rec.encoder_step, rec.search) == source and rec.encoder_step.buckets  # not made again
+        finally:
+            await engine.stop()
+
+    asyncio.run(main())
+
+
+def test_target_bytes_are_what_the_target_allocates() -> None:
+    master = random_model(seed=2, att_context_sizes=CONTEXT)
+    target = copy.deepcopy(master).to(torch.bfloat16)
+    cache = target.encoder.init_cache(SLOTS, CONTEXT[0], "cpu", torch.bfloat16)
+    held = sum(t.numel() * t.element_size() for t in (*target.parameters(), *target.buffers()))
+    held += sum(t.numel() * t.element_size() for t in (cache.channel, cache.time, cache.channel_len))
+    assert migration.target_bytes(master, torch.bfloat16, SLOTS, CONTEXT[0]) == held
+
+
+def test_a_target_without_room_is_refused_before_anything_is_allocated(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU too full for the target's weights and stream state: the move is refused with the
+    numbers, no target is made, and serving goes on from the source's graphs."""
+    master = random_model(seed=2, att_context_sizes=CONTEXT)
+    made = Made()
+    need = migration.target_bytes(master, torch.bfloat16, SLOTS, CONTEXT[0])
+    total = 100 * need
+    monkeypatch.setattr(migration, "free_memory", lambda device: (10 * need, total))  # exactly the 10 % kept
+    rng = np.random.default_rng(1)
+
+    async def main() -> None:
+        rec = Recognizer(copy.deepcopy(master), SLOTS, CONTEXT[0], search_factory=made.decoder,
+                         encoder_factory=made.encoder)
+        engine = Engine(rec, max_batch=SLOTS, batch_wait_s=0.0)
+        engine.start()
+        try:
+            await engine.call(lambda r: r.capture_graphs(SLOTS))
+            report = await engine.migrate(master, None, torch.bfloat16)
+            assert not report.ok and report.error.startswith("not enough memory on cpu for the model and its stream state")
+            assert "10% kept for serving" in report.error and len(made.encoders) == 1  # no target made
+            sessions = [await engine.open() for _ in range(2)]
+            before = made.captures()
+            feed(engine, sessions, rng.standard_normal(rec.geometry.chunk_ms * 16).astype(np.float32) * 0.1)
+            assert all(r is not None for r in await results(sessions, 1))
+            assert made.captures() == before and engine.status.encoder == "graphs" and engine.status.dtype == "fp32"
+        finally:
+            await engine.stop()
+
+    asyncio.run(main())
+
+
+def test_graphs_stop_at_the_memory_kept_for_serving_and_the_rest_follow_the_move(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Free memory falls to the share kept for serving after two captures: the move goes on,
+    the report counts the batch sizes left, and each is captured on its first step after it."""
+    master = random_model(seed=2, att_context_sizes=CONTEXT)
+    made = Made()
+    checks: list[int] = []
+
+    def free_memory(device: torch.device) -> tuple[int, int]:
+        checks.append(1)  # 1st: the weights and state check; 2nd, 3rd: room for two graphs; then none
+        return (10**12 if len(checks) <= 3 else 10**9, 10**12)
+
+    monkeypatch.setattr(migration, "free_memory", free_memory)
+    rng = np.random.default_rng(2)
+
+    async def main() -> None:
+        rec = Recognizer(copy.deepcopy(master), SLOTS, CONTEXT[0], search_factory=made.decoder,
+                         encoder_factory=made.encoder)
+        engine = Engine(rec, max_batch=SLOTS, batch_wait_s=0.0)
+        engine.start()
+        try:
+            await engine.call(lambda r: r.capture_graphs(SLOTS))
+            enc_sizes, dec_sizes = rec.graph_sizes()
+            assert len(enc_sizes) + len(dec_sizes) > 2
+            report = await engine.migrate(master, None, torch.bfloat16)
+            assert report.ok and report.graphs_deferred == len(enc_sizes) + len(dec_sizes) - 2, report
+            assert rec.graph_sizes() == (sorted(enc_sizes)[-2:], [])  # the two largest of the encoder's
+            sessions = [await engine.open() for _ in range(SLOTS)]
+            for n in (SLOTS, 1):  # a full step and a single stream's: sizes left by the guard, captured now
+                feed(engine, sessions[:n], rng.standard_normal(rec.geometry.chunk_ms * 16).astype(np.float32) * 0.1)
+                assert all(r is not None for r in await results(sessions[:n], 1))
+            assert engine.status.encoder == "graphs" and engine.status.eager_reason == ""
+            assert bucket_size(1, rec.encoder_step.per_octave) in rec.graph_sizes()[0]
         finally:
             await engine.stop()
 
