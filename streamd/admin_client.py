@@ -1,4 +1,4 @@
-"""`streamd admin status|migrate|drain`: talk to a running daemon's admin API."""
+"""`streamd admin status|migrate|drain|undrain`: talk to a running daemon's admin API."""
 from __future__ import annotations
 
 import http.client
@@ -72,7 +72,9 @@ def run(command: str, args: Any) -> int:
     if command == "status":
         status, body = request("GET", "/v1/status", **where)
     elif command == "drain":
-        status, body = request("POST", "/v1/drain", {"handoff": True} if args.handoff else {}, **where)
+        status, body = request("POST", "/v1/drain", {"handoff": args.handoff, "exit": args.exit}, **where)
+    elif command == "undrain":
+        status, body = request("POST", "/v1/undrain", {}, **where)
     else:
         status, body = request("POST", "/v1/migrate", {"device": args.device, "dtype": args.dtype}, **where)
     if args.json:
@@ -85,8 +87,11 @@ def run(command: str, args: Any) -> int:
 def _summary(command: str, body: dict[str, Any]) -> str:
     if not body.get("ok") and "migration" not in body:
         return f"error: {body.get('error', 'request failed')}"
+    admitting = (("draining: no new streams" + (", exits when the last one ends" if body.get("exit_when_drained")
+                                                else "; `streamd admin undrain` takes them again"))
+                 if body["draining"] else f"admitting {body['admission_limit']}")
     line = (f"{body['model']} on {body['device']} {body['dtype']}: {body['streams']}/{body['capacity']} streams "
-            f"(admitting {body['admission_limit']}), decoder {body['decoder']}{', draining' if body['draining'] else ''}")
+            f"({admitting}), decoder {body['decoder']}")
     if body.get("handed_off"):
         line += f"\nhanded off {body['handed_off']} streams"
     mig = body.get("migration") if command == "migrate" else body.get("last_migration")

@@ -66,7 +66,7 @@ def _run_serve(args: argparse.Namespace) -> int:
 def _add_admin(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from streamd.config import default_admin_socket
 
-    p = sub.add_parser("admin", help="control a running daemon (status, migrate, drain)")
+    p = sub.add_parser("admin", help="control a running daemon (status, migrate, drain, undrain)")
     p.add_argument("--socket", default=str(default_admin_socket(os.environ)),
                    help="admin unix socket (default: %(default)s)")
     p.add_argument("--url", help="admin TCP endpoint http://HOST:PORT instead of the socket")
@@ -77,6 +77,9 @@ def _add_admin(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     d = cmds.add_parser("drain", help="stop taking new streams; live ones continue")
     d.add_argument("--handoff", action="store_true",
                    help="also end every live stream now (close 1012) so that its client resumes it on another daemon")
+    d.add_argument("--exit", action="store_true",
+                   help="exit (status 0) when the last stream has ended; without it the daemon stays up, draining")
+    cmds.add_parser("undrain", help="take new streams again after a drain (/readyz back to 200)")
     m = cmds.add_parser("migrate", help="move the serving model to another device and/or dtype")
     m.add_argument("--device", help="cpu, cuda, cuda:N (default: unchanged)")
     m.add_argument("--dtype", help="fp32, bf16, fp16 (default: unchanged)")
