@@ -54,10 +54,12 @@ def _run_serve(args: argparse.Namespace) -> int:
     from streamd.config import load_config
     from streamd.server.app import App, build_state
     from streamd.server.metrics import Metrics
+    from streamd.server.ports import check_listeners
 
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a reload while starting is ignored, never fatal
     cfg = load_config(args)
     logsetup.configure(cfg.log.level, cfg.log.format)
+    check_listeners(cfg)  # before the model loads
     app = App(build_state(cfg, Metrics()), reread=lambda: load_config(args))
     asyncio.run(app.serve())
     return 0
@@ -88,6 +90,8 @@ def _add_admin(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def _run_admin(args: argparse.Namespace) -> int:
     from streamd.admin_client import AdminError, run
 
+    if args.admin_command == "migrate" and not (args.device or args.dtype):
+        raise ValueError("migrate needs --device, --dtype or both, e.g. `streamd admin migrate --device cuda:1`")
     try:
         return run(args.admin_command, args)
     except AdminError as e:
@@ -157,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except (ValueError, FileNotFoundError, StreamdError) as e:
+    except (ValueError, OSError, StreamdError) as e:  # a file, a port, a device: one line, no traceback
         print(f"streamd {args.command}: error: {e}", file=sys.stderr)
         return 2
 

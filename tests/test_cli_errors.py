@@ -1,0 +1,60 @@
+"""What the user meets when a start or a command cannot work: one line naming the cause, exit 2,
+no traceback, and for a port in use before the model is loaded."""
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURES
+from streamd import cli
+
+WAV = FIXTURES / "in3_espeak_sentence.wav"
+
+
+def one_line_error(text: str) -> str:
+    assert "Traceback" not in text, text
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert len(lines) == 1, text
+    return lines[0]
+
+
+@pytest.mark.parametrize("where", ["stream", "admin"])
+def test_a_port_in_use_is_said_before_the_model_loads(tmp_path: Path, where: str) -> None:
+    not_a_model = tmp_path / "model.nemo"
+    not_a_model.write_text("loading this would fail: the port check must come first\n")
+    token = tmp_path / "token"
+    token.write_text("secret\n")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        flags = (["--port", port] if where == "stream"
+                 else ["--port", "0", "--admin-port", port, "--admin-token-file", str(token)])
+        p = subprocess.run([sys.executable, "-m", "streamd", "serve", "--host", "127.0.0.1", "--admin-host",
+                            "127.0.0.1", "--admin-socket", "", "--model", str(not_a_model), *flags],
+                           capture_output=True, text=True, timeout=120)
+    line = one_line_error(p.stderr)
+    assert p.returncode == 2 and f"port {port} on 127.0.0.1 is already in use" in line, line
+    assert ("--port" if where == "stream" else "--admin-port") in line
+
+
+def test_a_file_that_is_not_a_model_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = tmp_path / "notes.txt"
+    text.write_text("hello\n" * 100)
+    tar = tmp_path / "empty.nemo"
+    subprocess.run(["tar", "-cf", str(tar), "-C", str(tmp_path), "notes.txt"], check=True)
+    for model, words in ((text, "not a model streamd can read"), (tmp_path, "is a directory"),
+                         (tar, "not a .nemo file")):
+        assert cli.main(["decode", "--model", str(model), str(WAV)]) == 2
+        line = one_line_error(capsys.readouterr().err)
+        assert line.startswith("streamd decode: error: ") and words in line, line
+
+
+def test_admin_migrate_without_flags_names_the_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["admin", "--socket", str(tmp_path / "admin.sock"), "migrate"]) == 2
+    line = one_line_error(capsys.readouterr().err)
+    assert "--device" in line and "--dtype" in line and '"device"' not in line, line
