@@ -93,7 +93,8 @@ def _summary(command: str, body: dict[str, Any]) -> str:
     line = (f"{body['model']} on {body['device']} {body['dtype']}: {body['streams']}/{body['capacity']} streams "
             f"({admitting}), decoder {body['decoder']}")
     if body.get("handed_off"):
-        line += f"\nhanded off {body['handed_off']} streams"
+        line += (f"\nhanded off {body['handed_off']} streams: their clients resume them only where another daemon "
+                 "answers at the address they use (e.g. behind a load balancer); this one takes none while it drains")
     mig = body.get("migration") if command == "migrate" else body.get("last_migration")
     if mig:
         res = f"ok, paused {mig['pause_ms']:.1f} ms" if mig["ok"] else f"FAILED: {mig['error']}"

@@ -34,9 +34,9 @@ def _add_decode(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 def _run_decode(args: argparse.Namespace) -> int:
     from streamd.decode import DecodeOptions, decode_files
 
-    decode_files(args.files, DecodeOptions(args.model, args.att_context_size, args.streaming,
-                                           args.device, args.dtype, args.batch))
-    return 0
+    failed = decode_files(args.files, DecodeOptions(args.model, args.att_context_size, args.streaming,
+                                                    args.device, args.dtype, args.batch))
+    return 1 if failed else 0
 
 
 def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -2,6 +2,7 @@
 no traceback, and for a port in use before the model is loaded."""
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import pytest
 
 from conftest import FIXTURES
 from streamd import cli
+from streamd.admin_client import _summary
 
 WAV = FIXTURES / "in3_espeak_sentence.wav"
 
@@ -58,3 +60,28 @@ def test_admin_migrate_without_flags_names_the_flags(tmp_path: Path, capsys: pyt
     assert cli.main(["admin", "--socket", str(tmp_path / "admin.sock"), "migrate"]) == 2
     line = one_line_error(capsys.readouterr().err)
     assert "--device" in line and "--dtype" in line and '"device"' not in line, line
+
+
+def test_decode_names_what_is_wrong_with_each_file_and_goes_on(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    empty, junk = tmp_path / "empty.wav", tmp_path / "junk.wav"
+    empty.write_bytes(b"")
+    junk.write_bytes(b"RIFF????WAVEnot audio")
+    files = [tmp_path / "missing.wav", tmp_path, empty, junk, WAV]
+    assert cli.main(["decode", "--model", str(FIXTURES / "tiny_streaming_fastconformer_rnnt.nemo"),
+                     *map(str, files)]) == 1
+    out = capsys.readouterr()
+    lines = [json.loads(line) for line in out.out.splitlines()]
+    assert [line["file"] for line in lines] == [str(f) for f in files]  # every file, in order
+    errors = [line.get("error", "") for line in lines]
+    assert errors[0].endswith("no such file") and errors[1].endswith("is a directory, not an audio file")
+    assert errors[2].endswith("empty file (0 bytes)") and "not an audio file" in errors[3]
+    assert not any("System error" in e or "Format not recognised" in e for e in errors)
+    assert "text" in lines[4] and len(out.err.splitlines()) == 4
+
+
+def test_a_handoff_says_where_its_streams_go() -> None:
+    body = {"ok": True, "model": "m", "device": "cpu", "dtype": "fp32", "streams": 0, "capacity": 64,
+            "admission_limit": 64, "decoder": "eager", "draining": True, "handed_off": 3}
+    said = _summary("drain", body)
+    assert "handed off 3 streams" in said and "another daemon" in said
