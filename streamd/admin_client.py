@@ -90,8 +90,10 @@ def _summary(command: str, body: dict[str, Any]) -> str:
     admitting = (("draining: no new streams" + (", exits when the last one ends" if body.get("exit_when_drained")
                                                 else "; `streamd admin undrain` takes them again"))
                  if body["draining"] else f"admitting {body['admission_limit']}")
+    estimate = body.get("capacity_estimate")
     line = (f"{body['model']} on {body['device']} {body['dtype']}: {body['streams']}/{body['capacity']} streams "
-            f"({admitting}), decoder {body['decoder']}")
+            f"({admitting}{f'; real-time estimate {estimate}' if estimate is not None else ''}), "
+            f"{body.get('chunk_ms')} ms chunks, encoder {body.get('encoder')}, decoder {body['decoder']}")
     if body.get("handed_off"):
         line += (f"\nhanded off {body['handed_off']} streams: their clients resume them only where another daemon "
                  "answers at the address they use (e.g. behind a load balancer); this one takes none while it drains")

@@ -142,8 +142,19 @@ def _run_listen(args: argparse.Namespace) -> int:
     return mic.run(args)
 
 
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("streamd")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streamd", description="Real-time streaming speech recognition.")
+    parser.add_argument("--version", action="version", version=f"streamd {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_decode(sub)
     _add_serve(sub)

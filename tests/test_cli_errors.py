@@ -80,8 +80,25 @@ def test_decode_names_what_is_wrong_with_each_file_and_goes_on(
     assert "text" in lines[4] and len(out.err.splitlines()) == 4
 
 
+STATUS = {"ok": True, "model": "m", "device": "cpu", "dtype": "fp32", "streams": 0, "capacity": 64,
+          "admission_limit": 64, "capacity_estimate": 246, "chunk_ms": 1120, "encoder": "eager",
+          "decoder": "eager", "draining": False, "last_migration": None}
+
+
 def test_a_handoff_says_where_its_streams_go() -> None:
-    body = {"ok": True, "model": "m", "device": "cpu", "dtype": "fp32", "streams": 0, "capacity": 64,
-            "admission_limit": 64, "decoder": "eager", "draining": True, "handed_off": 3}
-    said = _summary("drain", body)
+    said = _summary("drain", {**STATUS, "draining": True, "handed_off": 3})
     assert "handed off 3 streams" in said and "another daemon" in said
+
+
+def test_status_names_chunk_encoder_and_estimate() -> None:
+    said = _summary("status", STATUS)
+    assert "admitting 64; real-time estimate 246" in said and "1120 ms chunks" in said and "encoder eager" in said
+
+
+def test_version_and_a_right_context_the_model_lacks(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.startswith("streamd ")
+    from streamd.model.dims import ModelDims
+    with pytest.raises(ValueError, match=r"right context 7 is not one this model was trained for; use 13, 6, 1 or 0"):
+        ModelDims(vocab_size=8).att_context_with_right(7)

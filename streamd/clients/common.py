@@ -177,6 +177,7 @@ class LiveDisplay:
         self.out, self.err = out, err
         self.live = out.isatty() if live is None else live
         self._partial_shown = False
+        self.finals = 0  # finals with text shown
 
     def partial(self, text: str) -> None:
         if not self.live:
@@ -190,6 +191,7 @@ class LiveDisplay:
     def final(self, text: str, start: float, end: float) -> None:
         self._clear()
         if text:
+            self.finals += 1
             self.out.write(f"[{format_time(start)} --> {format_time(end)}] {text}\n")
             self.out.flush()
 

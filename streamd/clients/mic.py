@@ -214,7 +214,7 @@ async def _main(args: argparse.Namespace, display: LiveDisplay) -> int:
     except asyncio.CancelledError:
         return 130
     if summary is not None:
-        display.status(f"stopped: {summary.utterances} utterances, {summary.audio_seconds:.1f} s of audio")
+        display.status(f"stopped: {display.finals} utterances, {summary.audio_seconds:.1f} s of audio")
     return 0
 
 

@@ -98,7 +98,8 @@ class Control:
         except ValueError as e:
             status = self.state.engine.status
             here = f"{status.device} {status.dtype}"
-            report = MigrationReport(False, here, f"{device} {dtype}", 0.0, 0.0, self.state.streams(),
+            target = " ".join(part for part in (device, dtype) if part)  # what was asked; not "cuda None"
+            report = MigrationReport(False, here, target, 0.0, 0.0, self.state.streams(),
                                      error=str(e), at=time.time())
         else:
             report = await self.state.engine.migrate(self.state.master, dev, dt)

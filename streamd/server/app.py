@@ -147,9 +147,10 @@ class App:
                 else:
                     port = _bound_port(await stack.enter_async_context(self.front.listen()))
                     self.front.ready = True
-                log.info("serving %s on %s://%s:%d%s (%s, %s%s)", self.state.model_name,
-                         "wss" if cfg.tls_cert else "ws", cfg.host, port, STREAM_PATH, self.state.device,
-                         self.state.dtype, f", {cfg.workers} front-end processes" if cfg.workers else "")
+                tls = "s" if cfg.tls_cert else ""
+                log.info("serving %s on ws%s://%s:%d%s (%s, %s%s); browser page http%s://%s:%d/", self.state.model_name,
+                         tls, cfg.host, port, STREAM_PATH, self.state.device, self.state.dtype,
+                         f", {cfg.workers} front-end processes" if cfg.workers else "", tls, cfg.host, port)
                 notifier.ready(f"serving on port {port}")
                 _on_signals(loop, (signal.SIGHUP,), self.reload)  # until now ignored (cli.py)
                 if started is not None:
@@ -170,6 +171,7 @@ class App:
                 await self.fronts.kill()
             await admin.stop()
             await self.state.engine.stop()
+        log.info("stopped")
 
     async def _exit_when_drained(self) -> None:
         """`admin drain --exit`: shut down (exit 0) once the last stream has ended."""
