@@ -1,4 +1,4 @@
-"""`streamd admin status|migrate|drain`: talk to a running daemon's admin API."""
+"""`streamd admin status|migrate|drain|undrain`: talk to a running daemon's admin API."""
 from __future__ import annotations
 
 import http.client
@@ -72,7 +72,9 @@ def run(command: str, args: Any) -> int:
     if command == "status":
         status, body = request("GET", "/v1/status", **where)
     elif command == "drain":
-        status, body = request("POST", "/v1/drain", {"handoff": True} if args.handoff else {}, **where)
+        status, body = request("POST", "/v1/drain", {"handoff": args.handoff, "exit": args.exit}, **where)
+    elif command == "undrain":
+        status, body = request("POST", "/v1/undrain", {}, **where)
     else:
         status, body = request("POST", "/v1/migrate", {"device": args.device, "dtype": args.dtype}, **where)
     if args.json:
@@ -85,10 +87,16 @@ def run(command: str, args: Any) -> int:
 def _summary(command: str, body: dict[str, Any]) -> str:
     if not body.get("ok") and "migration" not in body:
         return f"error: {body.get('error', 'request failed')}"
+    admitting = (("draining: no new streams" + (", exits when the last one ends" if body.get("exit_when_drained")
+                                                else "; `streamd admin undrain` takes them again"))
+                 if body["draining"] else f"admitting {body['admission_limit']}")
+    estimate = body.get("capacity_estimate")
     line = (f"{body['model']} on {body['device']} {body['dtype']}: {body['streams']}/{body['capacity']} streams "
-            f"(admitting {body['admission_limit']}), decoder {body['decoder']}{', draining' if body['draining'] else ''}")
+            f"({admitting}{f'; real-time estimate {estimate}' if estimate is not None else ''}), "
+            f"{body.get('chunk_ms')} ms chunks, encoder {body.get('encoder')}, decoder {body['decoder']}")
     if body.get("handed_off"):
-        line += f"\nhanded off {body['handed_off']} streams"
+        line += (f"\nhanded off {body['handed_off']} streams: their clients resume them only where another daemon "
+                 "answers at the address they use (e.g. behind a load balancer); this one takes none while it drains")
     mig = body.get("migration") if command == "migrate" else body.get("last_migration")
     if mig:
         res = f"ok, paused {mig['pause_ms']:.1f} ms" if mig["ok"] else f"FAILED: {mig['error']}"

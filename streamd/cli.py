@@ -34,9 +34,9 @@ def _add_decode(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 def _run_decode(args: argparse.Namespace) -> int:
     from streamd.decode import DecodeOptions, decode_files
 
-    decode_files(args.files, DecodeOptions(args.model, args.att_context_size, args.streaming,
-                                           args.device, args.dtype, args.batch))
-    return 0
+    failed = decode_files(args.files, DecodeOptions(args.model, args.att_context_size, args.streaming,
+                                                    args.device, args.dtype, args.batch))
+    return 1 if failed else 0
 
 
 def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -54,10 +54,12 @@ def _run_serve(args: argparse.Namespace) -> int:
     from streamd.config import load_config
     from streamd.server.app import App, build_state
     from streamd.server.metrics import Metrics
+    from streamd.server.ports import check_listeners
 
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a reload while starting is ignored, never fatal
     cfg = load_config(args)
     logsetup.configure(cfg.log.level, cfg.log.format)
+    check_listeners(cfg)  # before the model loads
     app = App(build_state(cfg, Metrics()), reread=lambda: load_config(args))
     asyncio.run(app.serve())
     return 0
@@ -66,7 +68,7 @@ def _run_serve(args: argparse.Namespace) -> int:
 def _add_admin(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from streamd.config import default_admin_socket
 
-    p = sub.add_parser("admin", help="control a running daemon (status, migrate, drain)")
+    p = sub.add_parser("admin", help="control a running daemon (status, migrate, drain, undrain)")
     p.add_argument("--socket", default=str(default_admin_socket(os.environ)),
                    help="admin unix socket (default: %(default)s)")
     p.add_argument("--url", help="admin TCP endpoint http://HOST:PORT instead of the socket")
@@ -77,6 +79,9 @@ def _add_admin(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     d = cmds.add_parser("drain", help="stop taking new streams; live ones continue")
     d.add_argument("--handoff", action="store_true",
                    help="also end every live stream now (close 1012) so that its client resumes it on another daemon")
+    d.add_argument("--exit", action="store_true",
+                   help="exit (status 0) when the last stream has ended; without it the daemon stays up, draining")
+    cmds.add_parser("undrain", help="take new streams again after a drain (/readyz back to 200)")
     m = cmds.add_parser("migrate", help="move the serving model to another device and/or dtype")
     m.add_argument("--device", help="cpu, cuda, cuda:N (default: unchanged)")
     m.add_argument("--dtype", help="fp32, bf16, fp16 (default: unchanged)")
@@ -85,6 +90,8 @@ def _add_admin(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def _run_admin(args: argparse.Namespace) -> int:
     from streamd.admin_client import AdminError, run
 
+    if args.admin_command == "migrate" and not (args.device or args.dtype):
+        raise ValueError("migrate needs --device, --dtype or both, e.g. `streamd admin migrate --device cuda:1`")
     try:
         return run(args.admin_command, args)
     except AdminError as e:
@@ -135,8 +142,19 @@ def _run_listen(args: argparse.Namespace) -> int:
     return mic.run(args)
 
 
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("streamd")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streamd", description="Real-time streaming speech recognition.")
+    parser.add_argument("--version", action="version", version=f"streamd {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_decode(sub)
     _add_serve(sub)
@@ -154,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except (ValueError, FileNotFoundError, StreamdError) as e:
+    except (ValueError, OSError, StreamdError) as e:  # a file, a port, a device: one line, no traceback
         print(f"streamd {args.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -338,6 +338,7 @@ class Setting:
     convert: Callable[[object], Any]
     help: str
     default_text: str = ""
+    choices: tuple[str, ...] = ()  # shown as the flag's value in `serve -h`; checked by the config
 
     @property
     def name(self) -> str:
@@ -346,7 +347,7 @@ class Setting:
 
     @property
     def metavar(self) -> str:
-        return _METAVARS[self.convert]
+        return "{" + ",".join(self.choices) + "}" if self.choices else _METAVARS[self.convert]
 
     @property
     def flag(self) -> str:
@@ -371,7 +372,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("server", "max_backlog_s", _to_float,
             "seconds of a stream's audio received but not yet decoded, at most"),
     Setting("server", "backlog_policy", _to_str,
-            "at max_backlog_s: pace (stop reading until decoding catches up) or close (backlog_exceeded)"),
+            "at max_backlog_s: pace (stop reading until decoding catches up) or close (backlog_exceeded)",
+            choices=BACKLOG_POLICIES),
     Setting("server", "idle_timeout_s", _to_float, "close a stream idle (no audio, no keepalive) this long"),
     Setting("server", "max_session_s", _to_float, "longest session"),
     Setting("server", "drain_timeout_s", _to_float, "on shutdown, how long open streams may finish"),
@@ -392,7 +394,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("server", "workers", _to_int,
             "websocket front-end processes sharing the port (0: one event loop in the engine's process)"),
     Setting("server", "admission", _to_str,
-            "capacity: admit min(max_streams, the real-time estimate) streams; max_streams: max_streams only"),
+            "capacity: admit min(max_streams, the real-time estimate) streams; max_streams: max_streams only",
+            choices=ADMISSION_POLICIES),
     Setting("server", "admission_utilization", _to_float,
             "the share of one chunk's duration a decode step may take in the capacity estimate "
             "(results come about chunk x (1 + 2 x this) after their audio)"),
@@ -402,21 +405,22 @@ SETTINGS: tuple[Setting, ...] = (
             "cut every utterance at this length whatever a stream asks (its max_utterance_ms is capped to it)"),
     Setting("engine", "model", _to_path, "model file (.nemo or .pt)", "the shipped model"),
     Setting("engine", "device", _to_str, "auto, cpu, cuda or cuda:N"),
-    Setting("engine", "dtype", _to_str, "fp32, bf16 or fp16"),
+    Setting("engine", "dtype", _to_str, "fp32, bf16 or fp16", choices=("fp32", "bf16", "fp16")),
     Setting("engine", "right_context", _to_optional_int,
             "attention right context in 80 ms encoder frames (lookahead)", "the model's"),
     Setting("engine", "batch_wait_ms", _to_int, "how long a decode step waits for more streams"),
     Setting("engine", "gil_switch_ms", _to_float,
             "Python's thread switch interval: the longest the engine waits for the GIL per torch call"),
     Setting("engine", "cuda_graphs", _to_str,
-            "on: encoder and decoder steps replay CUDA graphs on a GPU; off: always eager"),
+            "on: encoder and decoder steps replay CUDA graphs on a GPU; off: always eager", choices=("on", "off")),
     Setting("endpointing", "silence_after_speech_ms", _to_int,
             "end an utterance after this much silence following speech (0 = off)"),
     Setting("endpointing", "silence_without_speech_ms", _to_int,
             "discard an utterance with no speech after this much silence (0 = off)"),
     Setting("endpointing", "max_utterance_ms", _to_int, "cut an utterance at this length (0 = off)"),
     Setting("gate", "mode", _to_str,
-            "on: words only where the audio may hold speech (silence, steady noise and tones give none); off"),
+            "on: words only where the audio may hold speech (silence, steady noise and tones give none); off",
+            choices=("on", "off")),
     Setting("gate", "min_dbfs", _to_float,
             "audio quieter than this (dB below full scale, 250-3500 Hz) never counts as speech"),
     Setting("gate", "rise_db", _to_float,
@@ -427,8 +431,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("admin", "host", _to_str, "admin TCP address"),
     Setting("admin", "port", _to_optional_int, "admin TCP port (needs a token file)", "off"),
     Setting("admin", "token_file", _to_path, "file holding the admin bearer token"),
-    Setting("log", "level", _to_str, "debug, info, warning, error or critical"),
-    Setting("log", "format", _to_str, "text or json"),
+    Setting("log", "level", _to_str, "debug, info, warning, error or critical", choices=LOG_LEVELS),
+    Setting("log", "format", _to_str, "text or json", choices=LOG_FORMATS),
 )
 
 

@@ -37,23 +37,42 @@ def load_for_decoding(opts: DecodeOptions) -> LoadedModel:
     return loaded
 
 
-def decode_files(files: Sequence[str], opts: DecodeOptions, out: TextIO = sys.stdout) -> None:
-    """Print one JSON line per file: file, text, tokens, timestamps (encoder frames)."""
-    from streamd.audio.files import read_audio  # soundfile: only this command needs it
+def decode_files(files: Sequence[str], opts: DecodeOptions, out: TextIO | None = None,
+                 err: TextIO | None = None) -> int:
+    """Print one JSON line per file: file, text, tokens, timestamps (encoder frames); a file that
+    cannot be read gets a line with its `error` (and one on `err`), the others are still decoded.
+    Returns how many could not be read. `out`, `err`: stdout and stderr unless given."""
+    out, err = out or sys.stdout, err or sys.stderr
+    from streamd.audio.files import AudioFileError, read_audio  # soundfile: only this command needs it
 
     loaded = load_for_decoding(opts)
     m, tok = loaded.model, loaded.tokenizer
+    failed = 0
     for i in range(0, len(files), opts.batch):
         group = files[i: i + opts.batch]
-        audios = [read_audio(f, m.dims.features.sample_rate) for f in group]
+        audios: dict[str, np.ndarray] = {}
+        errors: dict[str, str] = {}
+        for f in group:
+            try:
+                audios[f] = read_audio(f, m.dims.features.sample_rate)
+            except AudioFileError as e:
+                errors[f] = str(e)
         if opts.streaming:
-            results = stream_batch(m, audios, opts.att_context)
+            results = stream_batch(m, list(audios.values()), opts.att_context) if audios else []
         else:
-            results = [transcribe_offline(m, torch.from_numpy(a), att_context=opts.att_context) for a in audios]
-        for f, (tokens, times) in zip(group, results):
-            out.write(json.dumps({"file": str(Path(f)), "text": tok.decode(tokens),
-                                  "tokens": tokens, "timestamps": times}) + "\n")
+            results = [transcribe_offline(m, torch.from_numpy(a), att_context=opts.att_context) for a in audios.values()]
+        decoded = dict(zip(audios, results))
+        for f in group:  # in the order given
+            if f in errors:
+                failed += 1
+                err.write(f"streamd decode: {errors[f]}\n")
+                line = {"file": str(Path(f)), "error": errors[f]}
+            else:
+                tokens, times = decoded[f]
+                line = {"file": str(Path(f)), "text": tok.decode(tokens), "tokens": tokens, "timestamps": times}
+            out.write(json.dumps(line) + "\n")
             out.flush()
+    return failed
 
 
 def stream_batch(model: Transducer, audios: Sequence[np.ndarray], att_context: tuple[int, int] | None = None

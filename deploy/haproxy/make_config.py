@@ -67,7 +67,7 @@ backend streamd
 {stats}"""
 
 
-def render(daemons: list[tuple[str, str]], bind: str, log: str = "/dev/log", inter: str = "1s",
+def render(daemons: list[tuple[str, str]], bind: str, log: str = "stdout", inter: str = "1s",
            fastinter: str = "500ms", fall: int = 2, rise: int = 2, stats: str | None = "127.0.0.1:8404",
            maxconn: int = 8000, stick_expire: str = "1h") -> str:
     """The configuration text for `daemons` ((name, host:port) pairs)."""
@@ -93,8 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--daemon", action="append", type=parse_daemon, required=True, metavar="NAME=HOST:PORT",
                    help="a streamd daemon (repeat for each)")
-    p.add_argument("--bind", default=":8000", help="where clients connect (default: %(default)s)")
-    p.add_argument("--log", default="/dev/log", help="log target: /dev/log, stdout, ... (default: %(default)s)")
+    p.add_argument("--bind", default="127.0.0.1:8000",
+                   help="where clients connect; :8000 for every interface (default: %(default)s)")
+    p.add_argument("--log", default="stdout",
+                   help="log target: stdout (the journal under systemd), /dev/log (a syslog daemon), ... "
+                        "(default: %(default)s)")
     p.add_argument("--inter", default="1s", help="health check interval (default: %(default)s)")
     p.add_argument("--fastinter", default="500ms", help="check interval while a state changes (default: %(default)s)")
     p.add_argument("--fall", type=int, default=2, help="failed checks to leave rotation (default: %(default)s)")

@@ -38,11 +38,18 @@ class StreamError(Exception):
         return self.code not in FATAL_ERRORS
 
 
-class ServerBusy(StreamError):
-    """HTTP 503 at the handshake: the daemon is full or draining; retry after ``retry_after``."""
+# What a daemon's 503 body says (streamd.server.front), in the words a user reads.
+BUSY_REASONS = {"draining": "the daemon is draining (it takes no new streams)",
+                "at capacity": "the daemon is at capacity"}
 
-    def __init__(self, retry_after: float) -> None:
-        super().__init__("unavailable", f"the daemon is full or draining (retry after {retry_after:g} s)")
+
+class ServerBusy(StreamError):
+    """HTTP 503 at the handshake: the daemon is full or draining (``body`` says which); retry
+    after ``retry_after``."""
+
+    def __init__(self, retry_after: float, body: bytes | None = None) -> None:
+        why = BUSY_REASONS.get((body or b"").decode("utf-8", "replace").strip(), "the daemon is full or draining")
+        super().__init__("unavailable", f"{why} (retry after {retry_after:g} s)")
         self.retry_after = retry_after
 
 
@@ -140,7 +147,7 @@ async def handshake(endpoint: str, cafile: str | None, open_timeout: float, toke
     except InvalidStatus as e:
         response = e.response
         if response.status_code == HTTPStatus.SERVICE_UNAVAILABLE:
-            raise ServerBusy(float(response.headers.get("Retry-After", "1"))) from None
+            raise ServerBusy(float(response.headers.get("Retry-After", "1")), response.body) from None
         if response.status_code in HANDSHAKE_REFUSALS:
             code, why = HANDSHAKE_REFUSALS[response.status_code]
             raise StreamError(code, f"HTTP {response.status_code} from {endpoint}: {why}") from None
@@ -170,6 +177,7 @@ class LiveDisplay:
         self.out, self.err = out, err
         self.live = out.isatty() if live is None else live
         self._partial_shown = False
+        self.finals = 0  # finals with text shown
 
     def partial(self, text: str) -> None:
         if not self.live:
@@ -183,6 +191,7 @@ class LiveDisplay:
     def final(self, text: str, start: float, end: float) -> None:
         self._clear()
         if text:
+            self.finals += 1
             self.out.write(f"[{format_time(start)} --> {format_time(end)}] {text}\n")
             self.out.flush()
 

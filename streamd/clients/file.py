@@ -28,6 +28,7 @@ import numpy as np
 import soundfile as sf
 import soxr
 
+from streamd.audio.files import unreadable
 from streamd.clients.common import DEFAULT_URL, Backoff, explain, read_token, refused, retry_delay
 from streamd.clients.output import EXTENSIONS, Transcript, render
 from streamd.clients.progress import Progress
@@ -125,7 +126,9 @@ async def transcribe_file(path: str, options: Options,
     """Stream one file and collect its finals; errors are returned in the transcript."""
     try:
         audio = await asyncio.to_thread(load_audio, path)
-    except (OSError, sf.LibsndfileError, ValueError) as e:
+    except (OSError, sf.LibsndfileError) as e:
+        return Transcript(path, 0.0, error=unreadable(path, e))
+    except ValueError as e:
         return Transcript(path, 0.0, error=str(e))
     backoff = Backoff()
     best: list[Final] = []  # the finals of the attempt that got furthest

@@ -50,11 +50,14 @@ def print_devices(out: Any) -> None:
     sd = _sounddevice()
     default = sd.default.device[0]
     hostapis = sd.query_hostapis()
-    for d in sd.query_devices():
-        if d["max_input_channels"] > 0:
-            mark = "*" if d["index"] == default else " "
-            out.write(f"{mark} {d['index']:3d}  {d['name']}  ({hostapis[d['hostapi']]['name']}, "
-                      f"{d['max_input_channels']} ch, {d['default_samplerate']:g} Hz)\n")
+    inputs = [d for d in sd.query_devices() if d["max_input_channels"] > 0]
+    for d in inputs:
+        mark = "*" if d["index"] == default else " "
+        out.write(f"{mark} {d['index']:3d}  {d['name']}  ({hostapis[d['hostapi']]['name']}, "
+                  f"{d['max_input_channels']} ch, {d['default_samplerate']:g} Hz)\n")
+    if not inputs:
+        out.write("no input devices found (PortAudio sees no microphone: is one connected, and may this user "
+                  "use it, e.g. in the audio group or a PulseAudio/PipeWire session?)\n")
 
 
 def find_device(spec: str | None) -> dict[str, Any]:
@@ -211,7 +214,7 @@ async def _main(args: argparse.Namespace, display: LiveDisplay) -> int:
     except asyncio.CancelledError:
         return 130
     if summary is not None:
-        display.status(f"stopped: {summary.utterances} utterances, {summary.audio_seconds:.1f} s of audio")
+        display.status(f"stopped: {display.finals} utterances, {summary.audio_seconds:.1f} s of audio")
     return 0
 
 

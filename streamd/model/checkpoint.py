@@ -49,10 +49,16 @@ def resolve_model_path(path: str | os.PathLike[str] | None) -> Path:
 def load_model(path: str | os.PathLike[str]) -> LoadedModel:
     """Load a `.nemo` file or a streamd checkpoint onto the CPU in fp32, in eval mode."""
     p = Path(path)
-    if tarfile.is_tarfile(p):
-        loaded = load_nemo(p)
-    else:
-        loaded = load_streamd(p)
+    if p.is_dir():
+        raise UnsupportedCheckpoint(f"{p} is a directory; --model takes a .nemo file or a streamd checkpoint")
+    try:
+        loaded = load_nemo(p) if tarfile.is_tarfile(p) else load_streamd(p)
+    except (UnsupportedCheckpoint, FileNotFoundError, PermissionError):
+        raise
+    except Exception as e:  # unpickling, a damaged tar or YAML, a config without a key we read
+        raise UnsupportedCheckpoint(f"{p}: not a model streamd can read (a .nemo file or a {STREAMD_FORMAT} "
+                                    f"checkpoint): {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                                    ) from None
     loaded.model.eval()
     return loaded
 

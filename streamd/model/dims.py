@@ -63,6 +63,13 @@ class ModelDims:
         """The trained context with right context `right` and the default's left context (None:
         the default). ValueError if the model has no such context."""
         left, default_right = self.att_context_sizes[0]
+        rights = [r for lf, r in self.att_context_sizes if lf == left]
+        if right is not None and right not in rights:
+            frame_ms = 1000 * self.subsampling_factor * self.features.hop_length / self.features.sample_rate
+            ms = ", ".join(f"{r * frame_ms:g} ms" for r in rights)
+            raise ValueError(f"right context {right} is not one this model was trained for; use "
+                             f"{', '.join(map(str, rights[:-1]))} or {rights[-1]} (encoder frames of lookahead: {ms})"
+                             if len(rights) > 1 else f"right context {right}: this model only has {rights[0]}")
         return self.att_context((left, default_right if right is None else right))
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,7 +1,8 @@
-"""The admin control plane: status, migrate, drain.
+"""The admin control plane: status, migrate, drain, undrain.
 
 Two transports speak the same small HTTP/1.1 JSON API (`GET /v1/status`, `POST /v1/migrate`
-with `{"device": ..., "dtype": ...}`, `POST /v1/drain` with optional `{"handoff": true}`):
+with `{"device": ..., "dtype": ...}`, `POST /v1/drain` with optional `{"handoff": true}` and
+`{"exit": true}`, `POST /v1/undrain`):
 - a Unix socket (mode 0600); only peers with the daemon's uid (or root) are served;
 - optionally TCP, where every request needs `Authorization: Bearer <token>` (token from a file).
 The streaming port never reaches any of this.
@@ -48,6 +49,7 @@ class Control:
     def __init__(self, state: ServerState) -> None:
         self.state = state
         self.last_migration: MigrationReport | None = None
+        self.exit_when_drained = False  # `drain --exit`: the daemon exits when its last stream ends
 
     def status(self) -> dict[str, Any]:
         engine = self.state.engine.status
@@ -58,19 +60,36 @@ class Control:
                 "parked": self.state.sessions.parked,
                 "chunk_ms": engine.geometry.chunk_ms, "decoder": engine.decoder, "encoder": engine.encoder,
                 "eager_reason": engine.eager_reason,
-                "draining": self.state.draining, "shutting_down": self.state.shutdown.is_set(),
+                "draining": self.state.draining, "exit_when_drained": self.exit_when_drained,
+                "shutting_down": self.state.shutdown.is_set(),
                 "last_migration": self.last_migration.as_dict() if self.last_migration else None}
 
-    def drain(self, handoff: bool = False) -> dict[str, Any]:
+    def drain(self, handoff: bool = False, exit: bool = False) -> dict[str, Any]:
         """No new streams. With `handoff`, every live stream is also closed with code 1012 at
-        once, for its client to resume it on another daemon (docs/protocol.md, Resume)."""
+        once, for its client to resume it on another daemon (docs/protocol.md, Resume). With
+        `exit`, the daemon exits (0) when its last stream has ended (see `App`); without it, it
+        stays up, draining, until `undrain` or a signal."""
         self.state.draining = True
+        self.exit_when_drained = self.exit_when_drained or exit
         self.state.changed()
-        log.info("admin: draining (no new streams; %d live)", self.state.streams())
+        log.info("admin: draining (no new streams; %d live%s)", self.state.streams(),
+                 "; exits when the last one ends" if self.exit_when_drained else "")
         handed = self.state.hand_off() if handoff else 0
         if handoff:
             log.info("admin: handed off %d streams", handed)
         return {**self.status(), "handed_off": handed}
+
+    def undrain(self) -> dict[str, Any]:
+        """Take new streams again (and no longer exit when drained)."""
+        was = self.state.draining
+        self.state.draining, self.exit_when_drained = False, False
+        self.state.changed()
+        log.info("admin: %s", "undrained: taking new streams again" if was else "undrain: was not draining")
+        return self.status()
+
+    def drained(self) -> bool:
+        """`drain --exit` was asked and no stream is left: time to exit."""
+        return self.exit_when_drained and self.state.draining and self.state.streams() == 0
 
     async def migrate(self, device: str | None, dtype: str | None) -> MigrationReport:
         """Move the serving model (the engine does it; see `Engine.migrate`); counted, logged."""
@@ -79,7 +98,8 @@ class Control:
         except ValueError as e:
             status = self.state.engine.status
             here = f"{status.device} {status.dtype}"
-            report = MigrationReport(False, here, f"{device} {dtype}", 0.0, 0.0, self.state.streams(),
+            target = " ".join(part for part in (device, dtype) if part)  # what was asked; not "cuda None"
+            report = MigrationReport(False, here, target, 0.0, 0.0, self.state.streams(),
                                      error=str(e), at=time.time())
         else:
             report = await self.state.engine.migrate(self.state.master, dev, dt)
@@ -167,7 +187,9 @@ class AdminServer:
         if (method, path) == ("GET", "/v1/status"):
             return HTTPStatus.OK, {"ok": True, **self.control.status()}
         if (method, path) == ("POST", "/v1/drain"):
-            return HTTPStatus.OK, {"ok": True, **self.control.drain(drain_args(body))}
+            return HTTPStatus.OK, {"ok": True, **self.control.drain(*drain_args(body))}
+        if (method, path) == ("POST", "/v1/undrain"):
+            return HTTPStatus.OK, {"ok": True, **self.control.undrain()}
         if (method, path) == ("POST", "/v1/migrate"):
             device, dtype = migrate_args(body)
             report = await self.control.migrate(device, dtype)
@@ -256,16 +278,18 @@ def migrate_args(body: bytes) -> tuple[str | None, str | None]:
     return args.get("device"), args.get("dtype")
 
 
-def drain_args(body: bytes) -> bool:
-    """`handoff` from a drain body: `{}` or `{"handoff": true|false}` (an empty body is `{}`).
+def drain_args(body: bytes) -> tuple[bool, bool]:
+    """(`handoff`, `exit`) from a drain body: `{}` or `{"handoff": bool, "exit": bool}`, either left
+    out (an empty body is `{}`).
 
     Raises:
         BadRequest: not such an object.
     """
     args = _json_body(body)
-    if not isinstance(args, dict) or set(args) - {"handoff"} or not isinstance(args.get("handoff", False), bool):
-        raise BadRequest(f'the body must be {{}} or {{"handoff": true}}, got {echo(args)}')
-    return bool(args.get("handoff", False))
+    if (not isinstance(args, dict) or set(args) - {"handoff", "exit"}
+            or not all(isinstance(v, bool) for v in args.values())):
+        raise BadRequest(f'the body must be {{}} or like {{"handoff": true, "exit": true}}, got {echo(args)}')
+    return bool(args.get("handoff", False)), bool(args.get("exit", False))
 
 
 def claim_socket_path(path: Path) -> None:

@@ -38,6 +38,7 @@ from streamd.server.resume import Sessions
 log = logging.getLogger("streamd.server")
 # CUDA-graph decoders per octave of batch sizes: a step of few streams does not pay for capacity.
 DECODER_BUCKETS_PER_OCTAVE = 4
+DRAINED_POLL_S = 0.2  # how often a `drain --exit` looks for its last stream's end
 
 
 def build_state(cfg: Config, metrics: Metrics) -> ServerState:
@@ -146,15 +147,18 @@ class App:
                 else:
                     port = _bound_port(await stack.enter_async_context(self.front.listen()))
                     self.front.ready = True
-                log.info("serving %s on %s://%s:%d%s (%s, %s%s)", self.state.model_name,
-                         "wss" if cfg.tls_cert else "ws", cfg.host, port, STREAM_PATH, self.state.device,
-                         self.state.dtype, f", {cfg.workers} front-end processes" if cfg.workers else "")
+                tls = "s" if cfg.tls_cert else ""
+                log.info("serving %s on ws%s://%s:%d%s (%s, %s%s); browser page http%s://%s:%d/", self.state.model_name,
+                         tls, cfg.host, port, STREAM_PATH, self.state.device, self.state.dtype,
+                         f", {cfg.workers} front-end processes" if cfg.workers else "", tls, cfg.host, port)
                 notifier.ready(f"serving on port {port}")
                 _on_signals(loop, (signal.SIGHUP,), self.reload)  # until now ignored (cli.py)
                 if started is not None:
                     started.set_result(port)
                 watchdog = asyncio.create_task(_watchdog(notifier))
+                exiter = asyncio.create_task(self._exit_when_drained())
                 await self.state.shutdown.wait()
+                exiter.cancel()
                 notifier.stopping(f"draining {self.state.streams()} streams")
                 log.info("draining %d streams", self.state.streams())
                 if self.fronts is not None:
@@ -167,6 +171,14 @@ class App:
                 await self.fronts.kill()
             await admin.stop()
             await self.state.engine.stop()
+        log.info("stopped")
+
+    async def _exit_when_drained(self) -> None:
+        """`admin drain --exit`: shut down (exit 0) once the last stream has ended."""
+        while not self.control.drained():
+            await asyncio.sleep(DRAINED_POLL_S)
+        log.info("drained: the last stream ended; exiting (admin drain --exit)")
+        self.state.shutdown.set()
 
     def reload(self) -> None:
         """SIGHUP: re-read the configuration; apply what can change live (streamd.server.reload),

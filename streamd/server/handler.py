@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from websockets.asyncio.server import ServerConnection
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
 
 from streamd.config import Config
 from streamd.model.tokenizer import Tokenizer
@@ -170,8 +170,9 @@ class Connection:
             reason = await self._serve()
         except StreamdError as e:
             await self._fail(e)
-        except ConnectionClosed:
-            reason = "client gone"
+        except ConnectionClosed as e:
+            reason = ("handed off" if self.handed_off else "client closed" if isinstance(e, ConnectionClosedOK)
+                      else "client gone")
         except Exception as e:  # a bug: report it to this client only
             log.exception("connection %s failed", self.log_id)
             await self._fail(InternalError(f"internal error: {type(e).__name__}"))

@@ -231,7 +231,8 @@ class StreamSession:
         return self._words(segment, tracker.tokens, tracker.times)
 
     def _words(self, segment: Segment, tokens: list[int], times: list[int]) -> tuple[p.Word, ...]:
-        return tuple(p.Word(w, round(self._seconds(segment, a), 3), round(self._seconds(segment, b + 1), 3))
+        """The words of `tokens` with their times, never past the audio received."""
+        return tuple(p.Word(w, round(self._clipped(segment, a), 3), round(self._clipped(segment, b + 1), 3))
                      for w, a, b in self.tokenizer.words(tokens, times))
 
     def _tracking(self, segment: Segment) -> UtteranceTracker:
@@ -247,7 +248,10 @@ class StreamSession:
             return None
         processed = min(self._seconds(segment, segment.frame_end), self.received_s)
         text = self.tokenizer.decode(u.tokens)
-        start, end = self._seconds(segment, u.start), self._seconds(segment, u.end)
+        # where its words begin and end (docs/protocol.md), as its word times say; without words,
+        # the span it covers; never past the audio received
+        first, last = (u.times[0], u.times[-1] + 1) if u.times else (u.start, u.end)
+        start, end = self._clipped(segment, first), self._clipped(segment, last)
         if u.final:
             self.utterances = u.index + 1
             words = tokens = None
@@ -264,3 +268,7 @@ class StreamSession:
     def _seconds(self, segment: Segment, frame: int) -> float:
         """Stream time of encoder frame `frame` of `segment`."""
         return segment.offset_s + frame * self.frame_s
+
+    def _clipped(self, segment: Segment, frame: int) -> float:
+        """`_seconds`, at most the audio received (the last frame may reach into padding)."""
+        return min(self._seconds(segment, frame), self.received_s)

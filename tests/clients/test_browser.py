@@ -90,3 +90,37 @@ def test_page_transcribes_the_microphone(tmp_path: Path, scheme: str) -> None:
 
     asyncio.run(main())
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_page_says_why_no_stream_opens(tmp_path: Path) -> None:
+    """A draining daemon and a daemon gone are told apart from a missing microphone."""
+    wav = tmp_path / "speech.wav"
+    sf.write(wav, speech(pad_s=1.0), 16000, subtype="PCM_16")
+    flags = ["--use-fake-device-for-media-stream", f"--use-file-for-fake-audio-capture={wav}",
+             "--use-fake-ui-for-media-stream", "--autoplay-policy=no-user-gesture-required"]
+    status_js = "document.getElementById('status').textContent"
+
+    async def main() -> None:
+        async with running(config()) as (app, url):
+            async with launch(str(CHROMIUM), tmp_path / "profile", flags, tmp_path / "chromium.log") as browser:
+                page = await browser.new_page()
+                await page.goto(url.replace("ws", "http", 1) + "/")
+                app.control.drain()
+                await page.evaluate("document.getElementById('toggle').click()", user_gesture=True)
+                await page.wait_for("document.body.dataset.state === 'error'", 30)
+                said = await page.evaluate(status_js)
+                assert "draining" in said and "Microphone" not in said, said
+                app.state.shutdown.set()  # the daemon goes away; the page stays open
+                for _ in range(100):  # until its port is closed
+                    try:
+                        _, writer = await asyncio.open_connection("127.0.0.1", int(url.rsplit(":", 1)[1]))
+                    except OSError:
+                        break
+                    writer.close()
+                    await asyncio.sleep(0.1)
+                await page.evaluate("document.getElementById('toggle').click()", user_gesture=True)
+                await page.wait_for(f"document.body.dataset.state === 'error' && {status_js} !== {json.dumps(said)}", 30)
+                said = await page.evaluate(status_js)
+                assert "Cannot reach the server" in said and "Microphone" not in said, said
+
+    asyncio.run(main())

@@ -98,3 +98,10 @@ def test_clients_never_import_torch() -> None:
         helped = subprocess.run([sys.executable, "-X", "importtime", "-m", "streamd", command, "--help"], cwd=REPO,
                                 capture_output=True, text=True, check=True)
         assert "torch" not in helped.stderr
+
+
+def test_a_refusal_says_whether_the_daemon_drains_or_is_full() -> None:
+    assert "draining" in ServerBusy(5.0, b"draining\n").message
+    assert "full" not in ServerBusy(5.0, b"draining\n").message
+    assert "at capacity" in ServerBusy(1.0, b"at capacity\n").message
+    assert "full or draining" in ServerBusy(1.0, b"<html>503</html>").message  # a proxy's page: not echoed

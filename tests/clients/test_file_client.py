@@ -190,12 +190,17 @@ def test_srt_and_vtt_are_valid(tmp_path: Path) -> None:
             srt = await run_cli("transcribe", "--url", url, "--format", "srt", long_file)
             vtt = await run_cli("transcribe", "--url", url, "--format", "vtt", long_file)
             text = await run_cli("transcribe", "--url", url, long_file)
+            jsonl = await run_cli("transcribe", "--url", url, "--format", "jsonl", long_file)
             several = await run_cli("transcribe", "--url", url, "--format", "srt", str(WAVS[0]), str(WAVS[2]))
             into_dir = await run_cli("transcribe", "--url", url, "--format", "srt", "--output-dir", str(tmp_path),
                                      str(WAVS[0]), str(WAVS[2]))
         assert srt.returncode == vtt.returncode == text.returncode == 0
         cues = parse_cues(srt.stdout, SRT_CUE, numbered=True)
-        assert len(cues) >= 3 and cues[-1][1] <= 4.37 + 1.2  # within the audio (+ the last chunk's padding)
+        assert len(cues) >= 3 and cues[-1][1] <= 4.37  # within the audio (not into the last chunk's padding)
+        # an utterance starts where its first word does, in every format: its first cue's start
+        utterances = json.loads(jsonl.stdout)["utterances"]
+        assert len(utterances) >= 2 and {u["start"] for u in utterances} <= {round(c[0], 3) for c in cues}
+        assert all(u["end"] <= 4.37 for u in utterances)
         assert squeeze(" ".join(c[2] for c in cues)) == squeeze(text.stdout)
         assert vtt.stdout.startswith("WEBVTT\n\n")
         assert parse_cues(vtt.stdout[len("WEBVTT\n\n"):], VTT_CUE, numbered=False) == cues

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import io
 import re
 import signal
 import subprocess
 import sys
+import types
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from client_support import PushRecorder, best_correlation, replay_finals, speech
 from conftest import REPO
 from daemon import config, running
 from pulse_sink import null_sink, play
+from streamd.clients import mic
 from streamd.clients.mic import MicrophoneError, capture_rate
 from streamd.config import EndpointingConfig
 
@@ -158,3 +161,14 @@ def test_capture_rate_is_the_native_rate_within_the_protocol_limits() -> None:
     assert capture_rate({"default_samplerate": 48000.0}, 16000) == 16000
     with pytest.raises(MicrophoneError):
         capture_rate({"default_samplerate": 48000.0}, 96000)
+
+
+def test_list_devices_says_when_there_is_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = types.SimpleNamespace(default=types.SimpleNamespace(device=(-1, -1)),
+                                 query_hostapis=lambda: [{"name": "ALSA"}],
+                                 query_devices=lambda: [{"index": 0, "name": "HDMI out", "hostapi": 0,
+                                                         "max_input_channels": 0, "default_samplerate": 48000.0}])
+    monkeypatch.setattr(mic, "_sounddevice", lambda: fake)
+    out = io.StringIO()
+    mic.print_devices(out)
+    assert out.getvalue().startswith("no input devices found")

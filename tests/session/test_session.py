@@ -60,12 +60,12 @@ def test_a_conversation() -> None:
     assert (s.received_s, s.backlog_s) == (1.0, 1.0)
 
     # "the" on frame 1: a partial; frames 2-3 silent: the same text again is not repeated
-    assert s.receive_result(seg, ChunkResult(THE, [1], 0, 2)) == [p.Partial(0, "the", 0.0, 0.16, 0.16)]
+    assert s.receive_result(seg, ChunkResult(THE, [1], 0, 2)) == [p.Partial(0, "the", 0.08, 0.16, 0.16)]
     assert s.receive_result(seg, ChunkResult([], [], 2, 4)) == []
     assert s.backlog_s == pytest.approx(1.0 - 0.32)
     # a third silent frame ends the utterance at frame 4; "fox" (frames 5-7) opens the next
     assert s.receive_result(seg, ChunkResult(FOX, [5, 6, 7], 4, 8)) == [
-        p.Final(0, "the", 0.0, 0.4, 0.64, "endpoint"),
+        p.Final(0, "the", 0.08, 0.16, 0.64, "endpoint"),  # where its word is, not the silence around it
         p.Partial(1, "fox", 0.4, 0.64, 0.64)]
     assert endpoints == [EndpointRule.SILENCE_AFTER_SPEECH]
 
@@ -82,7 +82,7 @@ def test_finalize_ends_the_segment_and_the_next_continues_in_stream_time() -> No
     s, first = started()
     s.receive(pcm(0.5))
     s.commands()
-    assert s.receive_result(first, ChunkResult(THE, [1], 0, 4)) == [p.Partial(0, "the", 0.0, 0.32, 0.32)]
+    assert s.receive_result(first, ChunkResult(THE, [1], 0, 4)) == [p.Partial(0, "the", 0.08, 0.16, 0.32)]
     assert s.receive(FINALIZE) == p.Finalize()
     end, opened = s.commands()
     # `after`: a full engine frees `first`'s slot for the next segment
@@ -94,11 +94,11 @@ def test_finalize_ends_the_segment_and_the_next_continues_in_stream_time() -> No
     assert isinstance(push, Push) and push.segment is second
 
     # the finalized utterance holds all audio before the finalize; utterance numbers go on
-    assert s.segment_flushed(first) == [p.Final(0, "the", 0.0, 0.32, 0.32, "finalize")]
-    assert s.receive_result(second, ChunkResult(FOX, [0, 1, 2], 0, 5)) == [p.Partial(1, "fox", 0.5, 0.9, 0.9)]
+    assert s.segment_flushed(first) == [p.Final(0, "the", 0.08, 0.16, 0.32, "finalize")]
+    assert s.receive_result(second, ChunkResult(FOX, [0, 1, 2], 0, 5)) == [p.Partial(1, "fox", 0.5, 0.74, 0.9)]
     s.receive(STOP)
     s.commands()
-    assert s.segment_flushed(second) == [p.Final(1, "fox", 0.5, 0.9, 0.9, "end_of_stream")]
+    assert s.segment_flushed(second) == [p.Final(1, "fox", 0.5, 0.74, 0.9, "end_of_stream")]
     assert s.summary("stop", 1.0).utterances == 2
 
 
@@ -123,11 +123,28 @@ def test_word_times_and_tokens() -> None:
     assert final.tokens == ("▁the", "▁f", "o", "x")
 
 
+def test_times_are_where_the_words_are_and_end_within_the_audio() -> None:
+    """A final's `start` is its first word's start (not the previous utterance's end, with the
+    silence between), its `end` its last word's end; none is past the audio received (the last
+    encoder frame reaches into the padding of a stream's end)."""
+    s, seg = started(word_times=True)
+    s.receive(pcm(1.0))
+    # "the" on frame 1, silence to the endpoint, "fox" on frames 10-12 (the last one ends at 1.04 s)
+    finals = [m for m in s.receive_result(seg, ChunkResult(THE + FOX, [1, 10, 11, 12], 0, 13))
+              if isinstance(m, p.Final)]
+    s.receive(STOP)
+    s.commands()
+    finals += s.segment_flushed(seg)
+    assert [(f.text, f.start, f.end) for f in finals] == [("the", 0.08, 0.16), ("fox", 0.8, 1.0)]
+    assert finals[1].words == (p.Word("fox", 0.8, 1.0),)
+    assert finals[0].words is not None and finals[0].start == finals[0].words[0].start
+
+
 def test_without_interim_results_only_finals() -> None:
     s, seg = started(interim_results=False)
     s.receive(pcm(1.0))
     assert s.receive_result(seg, ChunkResult(THE, [1], 0, 2)) == []
-    assert s.segment_flushed(seg) == [p.Final(0, "the", 0.0, 0.16, 0.16, "end_of_stream")]
+    assert s.segment_flushed(seg) == [p.Final(0, "the", 0.08, 0.16, 0.16, "end_of_stream")]
     assert s.summary("stop", 1.0).partials == 0
 
 
@@ -135,7 +152,7 @@ def test_start_overrides_the_endpoint_rules() -> None:
     s, seg = started(endpointing=False)
     assert s.rules == EndpointingConfig(0, 0, 0)
     s.receive(pcm(2.0))
-    assert s.receive_result(seg, ChunkResult(THE, [1], 0, 20)) == [p.Partial(0, "the", 0.0, 1.6, 1.6)]
+    assert s.receive_result(seg, ChunkResult(THE, [1], 0, 20)) == [p.Partial(0, "the", 0.08, 0.16, 1.6)]
     s, _ = started(endpointing={"silence_after_speech_ms": 160})
     assert s.rules == EndpointingConfig(160, RULES.silence_without_speech_ms, RULES.max_utterance_ms)
 
@@ -148,13 +165,13 @@ def test_a_cleared_segment_sends_nothing_more() -> None:
     assert isinstance(opened, Open)
     first = opened.segment
     s.feed(pcm(1.0))
-    assert s.receive_result(first, ChunkResult(THE, [1], 0, 2)) == [p.Partial(0, "the", 0.0, 0.16, 0.16)]
+    assert s.receive_result(first, ChunkResult(THE, [1], 0, 2)) == [p.Partial(0, "the", 0.08, 0.16, 0.16)]
     s.finalize("clear")
     s.commands()
     assert s.receive_result(first, ChunkResult(FOX, [3, 4, 5], 2, 6)) == []
     assert s.segment_flushed(first) == []
     assert s.segment is not None
-    assert s.receive_result(s.segment, ChunkResult(THE, [0], 0, 2)) == [p.Partial(1, "the", 1.0, 1.16, 1.0)]
+    assert s.receive_result(s.segment, ChunkResult(THE, [0], 0, 2)) == [p.Partial(1, "the", 1.0, 1.0, 1.0)]
 
 
 @pytest.mark.parametrize(("messages", "error"), [

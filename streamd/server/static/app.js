@@ -7,7 +7,7 @@
 
 const BLOCK_S = 0.05;  // 50 ms per message
 const $ = (id) => document.getElementById(id);
-let session = null;    // {ws, mic, error, summary} while a stream is open
+let session = null;    // {ws, mic, error, summary, ready} while a stream is open
 
 function setState(state, message) {
   document.body.dataset.state = state;
@@ -49,6 +49,7 @@ function showFinal(msg) {
 function onMessage(msg) {
   switch (msg.type) {
     case 'ready':
+      session.ready = true;
       setState('listening', `Listening (${msg.sample_rate} Hz)…`);
       $('session').textContent = `${msg.model} on ${msg.device} (${msg.dtype}), ` +
         `${msg.chunk_ms} ms chunks, session ${msg.session_id}`;
@@ -68,11 +69,36 @@ function onMessage(msg) {
   }
 }
 
+// Why no stream can be opened now (the server is gone, or its /readyz names a reason), or null.
+async function serverProblem() {
+  let response;
+  try {
+    response = await fetch('readyz', {cache: 'no-store'});
+  } catch (e) {
+    return `Cannot reach the server at ${location.host}: is streamd still running?`;
+  }
+  if (response.ok) return null;
+  const body = await response.json().catch(() => ({}));
+  const why = body.reason === 'full' ? 'at capacity' : body.reason || `HTTP ${response.status}`;
+  return `The server takes no new streams now (${why}); try again later.`;
+}
+
 async function openMicrophone() {
-  const media = await navigator.mediaDevices.getUserMedia(
-    {audio: {channelCount: 1, echoCancellation: false, noiseSuppression: false, autoGainControl: false}});
+  let media;
+  try {
+    media = await navigator.mediaDevices.getUserMedia(
+      {audio: {channelCount: 1, echoCancellation: false, noiseSuppression: false, autoGainControl: false}});
+  } catch (e) {
+    throw new Error(`Microphone unavailable: ${e.message}`);
+  }
   const context = new AudioContext();
-  await context.audioWorklet.addModule('capture-worklet.js');
+  try {
+    await context.audioWorklet.addModule('capture-worklet.js');
+  } catch (e) {
+    media.getTracks().forEach((track) => track.stop());
+    context.close();
+    throw new Error(`Could not load the audio capture script from the server: ${e.message}`);
+  }
   const node = new AudioWorkletNode(context, 'pcm-capture',
     {processorOptions: {blockSize: Math.round(context.sampleRate * BLOCK_S)}});
   context.createMediaStreamSource(media).connect(node);
@@ -88,25 +114,34 @@ function releaseMicrophone(mic) {
 
 function onClose(event) {
   releaseMicrophone(session.mic);
-  const {error, summary} = session;
+  const {error, summary, ready} = session;
   session = null;
   if (error) {
     setState('error', `Error: ${error}`);
   } else if (summary) {
     const why = summary.reason === 'shutdown' ? 'the server is shutting down' : 'stopped';
     setState('closed', `Done (${why}): ${summary.utterances} utterances, ${summary.audio_seconds.toFixed(1)} s of audio.`);
+  } else if (!ready) {
+    setState('error', `The server refused or dropped the stream before it began (code ${event.code}); ` +
+      'try again later.');
   } else {
     setState('error', `Connection closed (code ${event.code}).`);
   }
 }
 
 async function start() {
+  setState('connecting', 'Checking the server…');
+  const problem = await serverProblem();
+  if (problem) {
+    setState('error', problem);
+    return;
+  }
   setState('connecting', 'Opening the microphone…');
   let mic;
   try {
     mic = await openMicrophone();
   } catch (e) {
-    setState('error', `Microphone unavailable: ${e.message}`);
+    setState('error', e.message);
     return;
   }
   const url = streamUrl();
@@ -114,7 +149,7 @@ async function start() {
   setState('connecting', `Connecting to ${url}…`);
   const ws = new WebSocket(url);
   ws.binaryType = 'arraybuffer';
-  session = {ws, mic, error: null, summary: null};
+  session = {ws, mic, error: null, summary: null, ready: false};
   ws.onopen = () => ws.send(JSON.stringify(
     {type: 'start', sample_rate: mic.context.sampleRate, encoding: 's16le'}));
   mic.node.port.onmessage = (event) => {

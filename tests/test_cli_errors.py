@@ -1,0 +1,104 @@
+"""What the user meets when a start or a command cannot work: one line naming the cause, exit 2,
+no traceback, and for a port in use before the model is loaded."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURES
+from streamd import cli
+from streamd.admin_client import _summary
+
+WAV = FIXTURES / "in3_espeak_sentence.wav"
+
+
+def one_line_error(text: str) -> str:
+    assert "Traceback" not in text, text
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert len(lines) == 1, text
+    return lines[0]
+
+
+@pytest.mark.parametrize("where", ["stream", "admin"])
+def test_a_port_in_use_is_said_before_the_model_loads(tmp_path: Path, where: str) -> None:
+    not_a_model = tmp_path / "model.nemo"
+    not_a_model.write_text("loading this would fail: the port check must come first\n")
+    token = tmp_path / "token"
+    token.write_text("secret\n")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        flags = (["--port", port] if where == "stream"
+                 else ["--port", "0", "--admin-port", port, "--admin-token-file", str(token)])
+        p = subprocess.run([sys.executable, "-m", "streamd", "serve", "--host", "127.0.0.1", "--admin-host",
+                            "127.0.0.1", "--admin-socket", "", "--model", str(not_a_model), *flags],
+                           capture_output=True, text=True, timeout=120)
+    line = one_line_error(p.stderr)
+    assert p.returncode == 2 and f"port {port} on 127.0.0.1 is already in use" in line, line
+    assert ("--port" if where == "stream" else "--admin-port") in line
+
+
+def test_a_file_that_is_not_a_model_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = tmp_path / "notes.txt"
+    text.write_text("hello\n" * 100)
+    tar = tmp_path / "empty.nemo"
+    subprocess.run(["tar", "-cf", str(tar), "-C", str(tmp_path), "notes.txt"], check=True)
+    for model, words in ((text, "not a model streamd can read"), (tmp_path, "is a directory"),
+                         (tar, "not a .nemo file")):
+        assert cli.main(["decode", "--model", str(model), str(WAV)]) == 2
+        line = one_line_error(capsys.readouterr().err)
+        assert line.startswith("streamd decode: error: ") and words in line, line
+
+
+def test_admin_migrate_without_flags_names_the_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["admin", "--socket", str(tmp_path / "admin.sock"), "migrate"]) == 2
+    line = one_line_error(capsys.readouterr().err)
+    assert "--device" in line and "--dtype" in line and '"device"' not in line, line
+
+
+def test_decode_names_what_is_wrong_with_each_file_and_goes_on(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    empty, junk = tmp_path / "empty.wav", tmp_path / "junk.wav"
+    empty.write_bytes(b"")
+    junk.write_bytes(b"RIFF????WAVEnot audio")
+    files = [tmp_path / "missing.wav", tmp_path, empty, junk, WAV]
+    assert cli.main(["decode", "--model", str(FIXTURES / "tiny_streaming_fastconformer_rnnt.nemo"),
+                     *map(str, files)]) == 1
+    out = capsys.readouterr()
+    lines = [json.loads(line) for line in out.out.splitlines()]
+    assert [line["file"] for line in lines] == [str(f) for f in files]  # every file, in order
+    errors = [line.get("error", "") for line in lines]
+    assert errors[0].endswith("no such file") and errors[1].endswith("is a directory, not an audio file")
+    assert errors[2].endswith("empty file (0 bytes)") and "not an audio file" in errors[3]
+    assert not any("System error" in e or "Format not recognised" in e for e in errors)
+    assert "text" in lines[4] and len(out.err.splitlines()) == 4
+
+
+STATUS = {"ok": True, "model": "m", "device": "cpu", "dtype": "fp32", "streams": 0, "capacity": 64,
+          "admission_limit": 64, "capacity_estimate": 246, "chunk_ms": 1120, "encoder": "eager",
+          "decoder": "eager", "draining": False, "last_migration": None}
+
+
+def test_a_handoff_says_where_its_streams_go() -> None:
+    said = _summary("drain", {**STATUS, "draining": True, "handed_off": 3})
+    assert "handed off 3 streams" in said and "another daemon" in said
+
+
+def test_status_names_chunk_encoder_and_estimate() -> None:
+    said = _summary("status", STATUS)
+    assert "admitting 64; real-time estimate 246" in said and "1120 ms chunks" in said and "encoder eager" in said
+
+
+def test_version_and_a_right_context_the_model_lacks(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.startswith("streamd ")
+    from streamd.model.dims import ModelDims
+    with pytest.raises(ValueError, match=r"right context 7 is not one this model was trained for; use 13, 6, 1 or 0"):
+        ModelDims(vocab_size=8).att_context_with_right(7)
