@@ -15,7 +15,8 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from streamd.model.tokenizer import Tokenizer
-from streamd.model.dims import ModelDims
+from streamd.model.dims import FeatureDims, ModelDims
+from streamd.model.preprocessor import slaney_mel_filterbank
 from streamd.model.transducer import Transducer
 
 CONTEXTS = ((70, 13), (70, 6), (70, 1), (70, 0))
@@ -83,6 +84,44 @@ def spec_augment(mel: Tensor, mel_len: Tensor, gen: torch.Generator, freq_masks:
     ti = torch.arange(t, device=dev)[None, None]
     tmask = ((ti >= t0[..., None]) & (ti < (t0 + tw)[..., None])).any(1)
     return mel.masked_fill(fmask[:, :, None] | tmask[:, None, :], 0.0)
+
+
+def vtlp(mel: Tensor, gen: torch.Generator, dims: FeatureDims, share: float = 0.5,
+         alpha: tuple[float, float] = (0.9, 1.1), f_hi: float = 4800.0) -> Tensor:
+    """Vocal tract length perturbation (Jaitly & Hinton 2013) on log-mel features: `share` of the
+    rows get their spectral envelope stretched by a factor from `alpha` (formants move, tempo and
+    pitch period do not: speed perturbation moves all three). Frequency f goes to alpha * f up to
+    f_hi * min(alpha, 1) / alpha, then linearly to Nyquist, which stays put.
+
+    mel (B, F, T) log-mel of `dims` (Slaney scale, 0 Hz to Nyquist); returns the same shape, each
+    warped row read from its source frequencies by linear interpolation between mel bins."""
+    b, f, _ = mel.shape
+    dev = mel.device
+    fb = slaney_mel_filterbank(dims)
+    freqs = torch.linspace(0, dims.sample_rate / 2, fb.shape[1])
+    centres = ((fb * freqs).sum(1) / fb.sum(1)).to(dev, torch.float64)  # (F,) each bin's centre in Hz, increasing
+    nyq = dims.sample_rate / 2
+    a = torch.rand(b, generator=gen, device=dev, dtype=torch.float64) * (alpha[1] - alpha[0]) + alpha[0]
+    a = torch.where(torch.rand(b, generator=gen, device=dev) < share, a, torch.ones_like(a))[:, None]
+    knee = f_hi * torch.clamp(a, max=1.0) / a  # (B, 1) Hz in the source's frequencies
+    out_knee = a * knee
+    # inverse warp: the source frequency each output bin's centre comes from
+    fo = centres[None, :]
+    src = torch.where(fo <= out_knee, fo / a, knee + (fo - out_knee) * (nyq - knee) / (nyq - out_knee))
+    pos = _interp(src.clamp(centres[0], centres[-1]), centres, torch.arange(f, device=dev, dtype=torch.float64))
+    lo = pos.floor().long().clamp(0, f - 1)
+    hi = (lo + 1).clamp(max=f - 1)
+    w = (pos - lo).to(mel.dtype)[:, :, None]
+    t = mel.shape[2]
+    return (mel.gather(1, lo[:, :, None].expand(b, f, t)) * (1 - w)
+            + mel.gather(1, hi[:, :, None].expand(b, f, t)) * w)
+
+
+def _interp(x: Tensor, xp: Tensor, fp: Tensor) -> Tensor:
+    """np.interp for increasing `xp` (N,), any-shaped x within [xp[0], xp[-1]]."""
+    i = torch.searchsorted(xp, x.contiguous()).clamp(1, xp.numel() - 1)
+    x0, x1 = xp[i - 1], xp[i]
+    return fp[i - 1] + (x - x0) / (x1 - x0) * (fp[i] - fp[i - 1])
 
 
 def add_dropout(model: Transducer, p: float) -> list[Any]:

@@ -51,6 +51,7 @@ from recipes.model_setup import (
     count_params,
     spec_augment,
     train_tokenizer,
+    vtlp,
 )
 from recipes.rnnt_loss import HAVE_TORCHAUDIO, rnnt_loss
 from recipes.state import (
@@ -127,6 +128,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--dither", type=float, default=1e-5, help="white noise added to the waveform, as NeMo trains")
     a("--nonspeech", type=float, default=0.05,
       help="share of utterances replaced by non-speech (silence, noise, hum, tones) with an empty transcript")
+    a("--vtlp", type=float, default=0.0,
+      help="share of utterances whose formants move by a factor of 0.9-1.1 (vocal tract length perturbation)")
     a("--no-augment", action="store_true", help="no waveform augmentation")
     a("--no-specaug", action="store_true")
     a("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -181,12 +184,13 @@ def masked_sum(x: Tensor, lengths: Tensor) -> Tensor:
 
 def compute_losses(model: Transducer, batch: Batch, context: tuple[int, int], gen: torch.Generator,
                    use_augment: bool = True, use_specaug: bool = True, bf16: bool = False,
-                   ctc_weight: float = 0.5, dither: float = 1e-5, nonspeech_share: float = 0.0
-                   ) -> tuple[Tensor, Tensor, Tensor]:
+                   ctc_weight: float = 0.5, dither: float = 1e-5, nonspeech_share: float = 0.0,
+                   vtlp_share: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
     """(loss, rnnt, ctc) of a batch already on the model's device; rnnt and ctc are batch means.
 
     `nonspeech_share` of the rows (chosen by `gen`) become non-speech with an empty transcript,
-    after augmentation (whose babble noise would put speech into them)."""
+    after augmentation (whose babble noise would put speech into them); `vtlp_share` of the
+    rows get their formants moved (`model_setup.vtlp`) before SpecAugment."""
     dev = model.device
     wav = batch.audio.float() / 32768.0
     lengths = batch.lengths
@@ -201,6 +205,8 @@ def compute_losses(model: Transducer, batch: Batch, context: tuple[int, int], ge
         noise = torch.randn(wav.shape, generator=gen, device=wav.device) * dither
         wav = wav + noise * valid_mask(lengths, wav.shape[1])
     mel, mel_len = model.preprocessor(wav, lengths)
+    if vtlp_share > 0:
+        mel = vtlp(mel, gen, model.dims.features, vtlp_share)
     if use_specaug:
         mel = spec_augment(mel, mel_len, gen)
     with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16 and dev.type == "cuda"):
@@ -415,7 +421,8 @@ def main(argv: list[str] | None = None) -> Progress:
         gen = step_generator(args.seed, step, device)
         ctx = pick_context(model, args.seed, step)
         loss, rnnt, ctc = compute_losses(model, batch, ctx, gen, not args.no_augment, not args.no_specaug,
-                                         args.bf16, args.ctc_weight, args.dither, args.nonspeech)
+                                         args.bf16, args.ctc_weight, args.dither, args.nonspeech,
+                                         args.vtlp)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)

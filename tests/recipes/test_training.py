@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import json
 import wave
 from pathlib import Path
@@ -18,10 +19,13 @@ from recipes.model_setup import (
     build_dims,
     count_params,
     train_tokenizer,
+    vtlp,
 )
 from recipes.rnnt_loss import HAVE_TORCHAUDIO, rnnt_loss, rnnt_loss_pytorch
 from recipes.wer import edit_distance, normalize, wer, word_errors
 from streamd.model.checkpoint import load_model, save_streamd
+from streamd.model.dims import FeatureDims
+from streamd.model.preprocessor import LogMel
 from streamd.model.transducer import Transducer
 
 TEXTS = ["a cat sat", "the dog ran far", "we eat it", "a big red box"]
@@ -365,3 +369,24 @@ def test_nonspeech_clips_are_labelled_by_kind() -> None:
     assert "silence" in kinds and len(set(kinds)) >= 5
     assert all(bool((a == 0).all()) == (k == "silence") for a, k in zip(audios, kinds))
     assert all(2 * 16000 <= len(a) <= 10 * 16000 for a in audios)
+
+
+def test_vtlp_moves_formants_and_leaves_other_rows_alone() -> None:
+    """A 2 kHz tone: stretched by 1.1 its peak moves up the mel bins, by 0.9 down; rows not
+    chosen, and a factor of 1, are unchanged."""
+    dims = FeatureDims()
+    t = torch.arange(16000) / 16000
+    mel, _ = LogMel(dims)(torch.sin(2 * math.pi * 2000 * t)[None].repeat(2, 1), torch.tensor([16000, 16000]))
+    peak = int(mel[0, :, 50].argmax())
+    gen = torch.Generator().manual_seed(0)
+    assert int(vtlp(mel, gen, dims, 1.0, (1.1, 1.1))[0, :, 50].argmax()) > peak
+    assert int(vtlp(mel, gen, dims, 1.0, (0.9, 0.9))[0, :, 50].argmax()) < peak
+    assert torch.equal(vtlp(mel, gen, dims, 0.0), mel)
+    assert torch.allclose(vtlp(mel, gen, dims, 1.0, (1.0, 1.0)), mel)
+
+
+def test_an_augmented_step_with_vtlp_is_finite(corpus: Path, tmp_path: Path) -> None:
+    model, batch = tiny_model_and_batch(corpus, tmp_path)
+    loss, _, _ = train.compute_losses(model, batch, model.dims.att_context_sizes[0],
+                                      train.step_generator(0, 0, torch.device("cpu")), vtlp_share=0.5)
+    assert torch.isfinite(loss)
