@@ -443,6 +443,7 @@ class BucketedGraphDecoder:
         self._one = self._make(max_batch=1)  # start states and row resets (captures nothing)
         self._buckets: dict[int, GraphGreedyLabelLooping] = {}
         self._last: GraphGreedyLabelLooping | None = None
+        self.used_at: dict[int, float] = {}  # bucket size -> time.monotonic() of its last call
 
     @property
     def requested(self) -> str:
@@ -507,6 +508,7 @@ class BucketedGraphDecoder:
                  ) -> tuple[BatchedHyps, DecoderState]:
         """As `GraphGreedyLabelLooping.__call__`."""
         size = bucket_size(max(1, int(enc.shape[0])), self.per_octave)
+        self.used_at[size] = time.monotonic()
         d = self._buckets.get(size)
         if d is None:
             d = self._buckets[size] = self._make(max_batch=size)

@@ -211,6 +211,7 @@ class EncoderStep:
         self._static: _Static | None = None
         self._pool: Any = None
         self._buckets: dict[int, _Bucket] = {}
+        self.used_at: dict[int, float] = {}  # bucket size -> time.monotonic() of its last call
         self._failed: dict[int, str] = {}  # bucket size -> why its capture failed under `_key`
         self._mode = EAGER
         self._why_eager = "no call yet"
@@ -305,6 +306,7 @@ class EncoderStep:
         elif not self.backend.supports(device):
             self._why_eager = f"no CUDA graphs on {device.type}"
         elif b > 0:
+            self.used_at[bucket_size(b, self.per_octave)] = time.monotonic()
             bucket = self._bucket(self.current_key(mel, att_context), b)
             if bucket is None:
                 self._why_eager = self._failed.get(bucket_size(b, self.per_octave), "")

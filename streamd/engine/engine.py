@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from streamd.engine.migration import (MemoryGuard, MigrationFailed, MigrationReport, PreparedSteps, cut_over,
+from streamd.engine.migration import (IN_USE_S, MemoryGuard, MigrationFailed, MigrationReport, PreparedSteps, cut_over,
                                       placed_copy, placement, prepare_steps, stage_cache, target_bytes)
 from streamd.engine.placement import DTYPE_NAMES
 from streamd.engine.recognizer import ChunkResult, Launched, Recognizer
@@ -303,7 +303,8 @@ class Engine:
                                         "the model and its stream state")
                 target = await asyncio.to_thread(placed_copy, master, dev, dt, rec.att_context)
                 staged = await asyncio.to_thread(stage_cache, target, rec.capacity, rec.att_context)
-                steps = await asyncio.to_thread(prepare_steps, rec, target, rec.graph_sizes(), guard.room)
+                in_use = rec.graph_sizes(time.monotonic() - IN_USE_S)
+                steps = await asyncio.to_thread(prepare_steps, rec, target, in_use, guard.room)
                 report.prepare_ms = (time.perf_counter() - t0) * 1000
                 report.recapture_ms, report.graphs = steps.capture_ms, steps.graphs
                 report.graphs_deferred = steps.deferred

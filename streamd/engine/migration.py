@@ -5,9 +5,11 @@
    A probe chunk runs through the copy there, so a target that cannot run (no bf16 kernel,
    out of memory) fails before anything changes, and the device is warm.
    The slot-state buffers at the target are allocated then too (`stage_cache`), and the
-   target's encoder step and decoder are made, with the CUDA graphs of every batch size the
-   serving ones have captured (`prepare_steps`, on a side stream), so that the first steps
-   after the move replay graphs instead of capturing them while every stream waits.
+   target's encoder step and decoder are made, with the CUDA graphs of the batch sizes the
+   serving ones called in the last `IN_USE_S` seconds (`prepare_steps`, on a side stream), so
+   that the first steps after the move replay graphs instead of capturing them while every
+   stream waits (capturing every size the warm-up made took 10-50 s a move at thousands of
+   streams on an H200).
    Every CUDA call of this preparation that could break a capture on the engine thread (a
    synchronize, `empty_cache`, a capture) holds `cuda_capture.DEVICE_LOCK`, as the engine
    thread's captures do.
@@ -44,6 +46,7 @@ from streamd.model.transducer import Transducer
 log = logging.getLogger("streamd.engine")
 
 MIN_FREE = 0.1  # the share of a GPU's memory a migration leaves to serving while it prepares
+IN_USE_S = 60.0  # a migration prepares the graphs of the batch sizes called this recently
 
 
 class MigrationFailed(RuntimeError):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -123,10 +124,16 @@ class Recognizer:
         """(n_mels, W): the shape of one stream's encoder window."""
         return self._logmel.dims.n_mels, self.geometry.window
 
-    def graph_sizes(self) -> tuple[list[int], list[int]]:
-        """The batch sizes (buckets) with captured graphs: the encoder step's, the decoder's."""
+    def graph_sizes(self, since: float | None = None) -> tuple[list[int], list[int]]:
+        """The batch sizes (buckets) with captured graphs: the encoder step's, the decoder's;
+        with `since` (a time.monotonic() value) only those called since then."""
         captured = getattr(self.search, "captured", None)
-        return self.encoder_step.buckets, captured() if captured is not None else []
+        sizes = self.encoder_step.buckets, captured() if captured is not None else []
+        if since is None:
+            return sizes
+        used = self.encoder_step.used_at, getattr(self.search, "used_at", {})
+        return tuple([b for b in part if when.get(b, -math.inf) >= since]  # type: ignore[return-value]
+                     for part, when in zip(sizes, used, strict=True))
 
     def eager_reason(self) -> str:
         """Why the last step encoded or decoded without CUDA graphs ('' when both replayed graphs)."""

@@ -249,3 +249,36 @@ def test_graphs_stop_at_the_memory_kept_for_serving_and_the_rest_follow_the_move
             await engine.stop()
 
     asyncio.run(main())
+
+
+def test_only_the_batch_sizes_in_use_are_prepared() -> None:
+    """The warm-up captured every size; only those called in the last IN_USE_S seconds are
+    captured for the target before the cut-over (the others wait for their first call)."""
+    master = random_model(seed=2, att_context_sizes=CONTEXT)
+    made = Made()
+    rng = np.random.default_rng(5)
+
+    async def main() -> None:
+        rec = Recognizer(copy.deepcopy(master), SLOTS, CONTEXT[0], search_factory=made.decoder,
+                         encoder_factory=made.encoder)
+        engine = Engine(rec, max_batch=SLOTS, batch_wait_s=0.0)
+        engine.start()
+        try:
+            await engine.call(lambda r: r.capture_graphs(SLOTS))
+            enc_sizes, dec_sizes = rec.graph_sizes()
+            assert len(enc_sizes) > 1 and len(dec_sizes) > 1
+            long_ago = -migration.IN_USE_S - 1.0
+            for used in (rec.encoder_step.used_at, rec.search.used_at):
+                for size in used:
+                    used[size] += long_ago  # as if the warm-up had been a minute ago
+            session = await engine.open()
+            feed(engine, [session], rng.standard_normal(rec.geometry.chunk_ms * 16).astype(np.float32) * 0.1)
+            await results([session], 1)
+            one = bucket_size(1, rec.encoder_step.per_octave)
+            report = await engine.migrate(master, None, torch.bfloat16)
+            assert report.ok and report.graphs == "encoder 1, decoder 1" and report.graphs_deferred == 0, report
+            assert rec.graph_sizes() == ([one], [bucket_size(1, rec.search.per_octave)])
+        finally:
+            await engine.stop()
+
+    asyncio.run(main())
