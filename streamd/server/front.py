@@ -100,8 +100,7 @@ class Front:
         if self.full:
             self.state.metrics.rejections.labels(reason="overloaded").inc()
             return response(HTTPStatus.SERVICE_UNAVAILABLE, b"at capacity\n", extra={"Retry-After": "1"})
-        if self.state.streams() - self.state.sessions.evicted >= self.limit:
-            self.state.sessions.evict()  # a stream whose client is gone makes room
+        self.state.make_room(self.state.streams())  # a stream whose client is gone makes room
         return None
 
     @property
@@ -111,8 +110,8 @@ class Front:
 
     @property
     def full(self) -> bool:
-        """No room for a new stream, even in place of a parked one."""
-        return self.state.streams() - self.state.sessions.reclaimable >= self.limit
+        """No room for a new stream, even in place of a parked one (in any front end)."""
+        return self.state.streams() - self.state.reclaimable() >= self.limit
 
     def _readyz(self) -> Response:
         """200 while new streams are taken; 503 while loading, draining, cutting over or full (a
@@ -122,7 +121,7 @@ class Front:
         limit, estimate = self.state.admission()
         body = {"ready": why is None, "reason": why, "streams": self.state.streams(), "limit": limit,
                 "capacity_estimate": estimate, "max_streams": self.state.config.server.max_streams,
-                "parked": self.state.sessions.parked}
+                "parked": self.state.parked()}
         return response(HTTPStatus.OK if why is None else HTTPStatus.SERVICE_UNAVAILABLE,
                         (json.dumps(body) + "\n").encode(), "application/json")
 
