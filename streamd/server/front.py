@@ -30,9 +30,12 @@ from streamd.server.secrets import read_token, warn_if_exposed
 
 log = logging.getLogger("streamd.server")
 STATIC = Path(__file__).resolve().parent / "static"
-# Messages websockets buffers per connection before it stops reading the socket: with a paced
-# (backlogged) client this bounds what one connection holds to RECEIVE_QUEUE * max_message_bytes.
-RECEIVE_QUEUE = 4
+# Frames websockets queues per connection before it stops reading the socket (it stops once more
+# than this many wait, and resumes when none do): a paced (backlogged) client's connection then
+# holds at most RECEIVE_QUEUE + 1 messages of max_message_bytes, plus one read of the socket
+# (READ_BYTES), received and not yet taken (docs/protocol.md, "Memory per connection").
+RECEIVE_QUEUE = 1
+READ_BYTES = 256 << 10  # what asyncio reads from a socket at once
 # The browser client (microphone capture over the same websocket protocol).
 STATIC_FILES = {"/": ("index.html", "text/html; charset=utf-8"),
                 "/app.js": ("app.js", "text/javascript; charset=utf-8"),

@@ -306,6 +306,7 @@ class Connection:
             await self._run_commands()
             if isinstance(data, bytes):
                 self.resume.audio_bytes += len(data)
+                del data  # taken: a paced stream holds its backlog, not this message besides
                 if self.session.backlog_s > self.backlog_limit_s and not await self._hold_backlog(sender):
                     return "shutdown"
             elif isinstance(msg, p.Stop):
