@@ -57,7 +57,7 @@ class Control:
         return {"model": self.state.model_name, "device": engine.device, "dtype": engine.dtype,
                 "streams": self.state.streams(), "capacity": engine.capacity,
                 "admission_limit": limit, "capacity_estimate": estimate,
-                "parked": self.state.sessions.parked,
+                "parked": self.state.parked(),
                 "chunk_ms": engine.geometry.chunk_ms, "decoder": engine.decoder, "encoder": engine.encoder,
                 "eager_reason": engine.eager_reason,
                 "draining": self.state.draining, "exit_when_drained": self.exit_when_drained,

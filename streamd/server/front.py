@@ -30,9 +30,12 @@ from streamd.server.secrets import read_token, warn_if_exposed
 
 log = logging.getLogger("streamd.server")
 STATIC = Path(__file__).resolve().parent / "static"
-# Messages websockets buffers per connection before it stops reading the socket: with a paced
-# (backlogged) client this bounds what one connection holds to RECEIVE_QUEUE * max_message_bytes.
-RECEIVE_QUEUE = 4
+# Frames websockets queues per connection before it stops reading the socket (it stops once more
+# than this many wait, and resumes when none do): a paced (backlogged) client's connection then
+# holds at most RECEIVE_QUEUE + 1 messages of max_message_bytes, plus one read of the socket
+# (READ_BYTES), received and not yet taken (docs/protocol.md, "Memory per connection").
+RECEIVE_QUEUE = 1
+READ_BYTES = 256 << 10  # what asyncio reads from a socket at once
 # The browser client (microphone capture over the same websocket protocol).
 STATIC_FILES = {"/": ("index.html", "text/html; charset=utf-8"),
                 "/app.js": ("app.js", "text/javascript; charset=utf-8"),
@@ -100,8 +103,7 @@ class Front:
         if self.full:
             self.state.metrics.rejections.labels(reason="overloaded").inc()
             return response(HTTPStatus.SERVICE_UNAVAILABLE, b"at capacity\n", extra={"Retry-After": "1"})
-        if self.state.streams() - self.state.sessions.evicted >= self.limit:
-            self.state.sessions.evict()  # a stream whose client is gone makes room
+        self.state.make_room(self.state.streams())  # a stream whose client is gone makes room
         return None
 
     @property
@@ -111,8 +113,8 @@ class Front:
 
     @property
     def full(self) -> bool:
-        """No room for a new stream, even in place of a parked one."""
-        return self.state.streams() - self.state.sessions.reclaimable >= self.limit
+        """No room for a new stream, even in place of a parked one (in any front end)."""
+        return self.state.streams() - self.state.reclaimable() >= self.limit
 
     def _readyz(self) -> Response:
         """200 while new streams are taken; 503 while loading, draining, cutting over or full (a
@@ -122,7 +124,7 @@ class Front:
         limit, estimate = self.state.admission()
         body = {"ready": why is None, "reason": why, "streams": self.state.streams(), "limit": limit,
                 "capacity_estimate": estimate, "max_streams": self.state.config.server.max_streams,
-                "parked": self.state.sessions.parked}
+                "parked": self.state.parked()}
         return response(HTTPStatus.OK if why is None else HTTPStatus.SERVICE_UNAVAILABLE,
                         (json.dumps(body) + "\n").encode(), "application/json")
 

@@ -8,13 +8,19 @@ stream's audio of a few milliseconds there) and writes the results it delivers t
 streams (one message per engine hand-over), between steps. So the engine's process does no
 per-message websocket or JSON work, and no thread of it competes with the steps for the GIL.
 
+Each front end writes its open and parked streams to a `Census` in shared memory, which every
+process reads for admission: a new stream takes the slot of the stream parked longest in any
+front end (the engine's process routes the eviction, below).
+
 Messages are lists of tuples; worker -> engine:
   ("open", sid) ("audio", [sid], [samples per sid], float32 samples of all, in order)
   ("end", sid) ("close", sid)
   ("metrics", families) ("metrics_text", request) ("up", pid)
+  ("evict",): a new stream needs the slot of the daemon's stream parked longest
 engine -> worker:
   ("opened", sid, error or None) ("result", sid, tokens, times, frame_start, frame_end)
   ("failed", sid, message) ("done", sid) ("metrics_text", request, bytes) ("handoff",) ("shutdown",)
+  ("evict",): end your stream parked longest (it is the daemon's)
   ("status", EngineStatus, draining, (admitted streams, capacity estimate)) ("config", Config)
 """
 from __future__ import annotations
@@ -52,7 +58,7 @@ class WorkerSpec:
     tokenizer: bytes  # the SentencePiece model proto
     model_name: str
     status: EngineStatus
-    census: Any  # multiprocessing.Array("i", workers, lock=False)
+    census: Census
     port: int
     log_level: str
     log_format: str
@@ -64,10 +70,10 @@ class Bridge:
 
     def __init__(self, index: int, state: ServerState, sock: socket.socket,
                  process: multiprocessing.process.BaseProcess, loop: asyncio.AbstractEventLoop,
-                 on_lost: Callable[[Bridge], None]) -> None:
+                 on_lost: Callable[[Bridge], None], on_evict: Callable[[], None]) -> None:
         self.index, self.state, self.process = index, state, process
         self.channel = NonBlockingEnd(sock)
-        self._loop, self._on_lost = loop, on_lost
+        self._loop, self._on_lost, self._on_evict = loop, on_lost, on_evict
         self.sessions: dict[int, EngineSession] = {}
         self.up: Future[int] = Future()
         self.gone = False
@@ -111,6 +117,8 @@ class Bridge:
                 self.state.metrics.set_remote(self.index, m[1])
             elif kind == "metrics_text":  # rendered on the event loop, not between steps
                 self._loop.call_soon_threadsafe(self._render_metrics, m[1])
+            elif kind == "evict":
+                self._on_evict()
             elif kind == "up":
                 self.up.set_result(m[1])
         if batch:
@@ -183,7 +191,7 @@ class FrontEnds:
     def __init__(self, state: ServerState, workers: int) -> None:
         self.state, self.workers = state, workers
         self._ctx = multiprocessing.get_context("spawn")  # no fork of a process with threads or CUDA
-        self.census = Census(self._ctx.Array("i", workers, lock=False))
+        self.census = Census(self._ctx, workers)
         self.bridges: list[Bridge] = []
         self.port = 0
         self._reserved: socket.socket | None = None
@@ -217,14 +225,14 @@ class FrontEnds:
         cfg = self.state.config
         ours, theirs = socket_pair()
         spec = WorkerSpec(index, theirs, cfg, self.state.tokenizer.model_proto, self.state.model_name,
-                          self.state.engine.status, self.census.slots, self.port, cfg.log.level, cfg.log.format)
+                          self.state.engine.status, self.census, self.port, cfg.log.level, cfg.log.format)
         process = self._ctx.Process(target=run, args=(spec,), name=f"streamd-front{index}", daemon=True)
         try:
             await asyncio.to_thread(process.start)
         finally:
             theirs.close()
         assert self._loop is not None
-        bridge = Bridge(index, self.state, ours, process, self._loop, self._lost)
+        bridge = Bridge(index, self.state, ours, process, self._loop, self._lost, self._evict)
         # what changed while it started (a drain, a migration) reaches it after its spec
         bridge.post([self._status()])
         self.state.engine.add_source(bridge)
@@ -237,6 +245,13 @@ class FrontEnds:
             return
         log.error("front end %d (pid %s) exited unexpectedly; starting another", bridge.index, bridge.process.pid)
         self._loop.call_soon_threadsafe(self._replace, bridge)
+
+    def _evict(self) -> None:
+        """A front end's new stream needs a slot (engine thread): the front end holding the
+        stream parked longest ends it."""
+        index = self.census.parked_longest()
+        if index is not None and not (bridge := self.bridges[index]).gone:
+            bridge.channel.send([("evict",)])
 
     def _replace(self, bridge: Bridge) -> None:
         if self._stopping or self.bridges[bridge.index] is not bridge:

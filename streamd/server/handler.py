@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,16 +36,37 @@ log = logging.getLogger("streamd.server")
 
 
 class Census:
-    """Open streams of every front-end process, in shared memory: process i writes slot i."""
+    """Every front-end process's streams, in shared memory: process i writes index i of each
+    array. `slots`: its open streams; `parked`: those parked (their slots go to new streams);
+    `evicted`: those evicted for a new stream, not ended yet; `parked_since`: when its stream
+    parked longest was parked (`time.monotonic`, one clock for the host; inf if none)."""
 
-    def __init__(self, slots: Any) -> None:
-        self.slots = slots  # multiprocessing.Array("i", n, lock=False)
+    def __init__(self, ctx: Any, workers: int) -> None:
+        self.slots = ctx.Array("i", workers, lock=False)
+        self.parked = ctx.Array("i", workers, lock=False)
+        self.evicted = ctx.Array("i", workers, lock=False)
+        self.parked_since = ctx.Array("d", [math.inf] * workers, lock=False)
 
-    def set(self, index: int, streams: int) -> None:
+    def set(self, index: int, streams: int, sessions: Sessions | None = None) -> None:
+        """Process `index` holds `streams` open streams, and `sessions` (none: nothing parked)."""
         self.slots[index] = streams
+        self.parked[index] = sessions.parked if sessions is not None else 0
+        self.evicted[index] = sessions.evicted if sessions is not None else 0
+        self.parked_since[index] = sessions.parked_since if sessions is not None else math.inf
 
     def total(self) -> int:
         return int(sum(self.slots))
+
+    def parked_total(self) -> int:
+        return int(sum(self.parked))
+
+    def evicted_total(self) -> int:
+        return int(sum(self.evicted))
+
+    def parked_longest(self) -> int | None:
+        """The process holding the stream parked longest; None if none is parked."""
+        held = [i for i in range(len(self.parked)) if self.parked[i] > 0]
+        return min(held, key=lambda i: self.parked_since[i]) if held else None
 
 
 @dataclass
@@ -61,12 +83,16 @@ class StreamContext:
     live: set[asyncio.Task[None]] = field(default_factory=set)
     draining: bool = False  # admin drain: no new streams, live ones go on
     census: Census | None = None  # with front-end processes: the daemon's streams
+    evict_elsewhere: Callable[[], None] | None = None  # a front end: ask the engine's process to evict
     census_slot: int = 0  # this process's slot in `census`
     listeners: list[Callable[[], None]] = field(default_factory=list)  # told of `changed()`
     sessions: Sessions = field(default_factory=lambda: Sessions(0.0))  # resumable streams (resume.py)
     capacity: Capacity | None = None  # admission by measured capacity (admission.py), engine's process
     published: tuple[int, int | None] | None = None  # a front end: (limit, estimate) the engine's process sent
     handoff_hooks: list[Callable[[], int]] = field(default_factory=list)  # front ends: hand their streams off
+
+    def __post_init__(self) -> None:
+        self.sessions.on_change = self.count_live
 
     @property
     def device(self) -> str:
@@ -102,10 +128,33 @@ class StreamContext:
         """Open streams of the whole daemon."""
         return self.census.total() if self.census is not None else len(self.live)
 
+    def parked(self) -> int:
+        """Parked streams of the whole daemon."""
+        return self.census.parked_total() if self.census is not None else self.sessions.parked
+
+    def reclaimable(self) -> int:
+        """Streams of the whole daemon whose slot a new stream may take: parked, or evicted and
+        ending now."""
+        if self.census is None:
+            return self.sessions.reclaimable
+        return self.census.parked_total() + self.census.evicted_total()
+
+    def make_room(self, others: int) -> None:
+        """A new stream needs a slot beside `others` open streams: unless the evicted streams
+        ending now make enough room, end the stream parked longest in the daemon (front ends: the
+        engine's process has the one that holds it evict it, `server/frontends.py`)."""
+        evicted = self.census.evicted_total() if self.census is not None else self.sessions.evicted
+        if others - evicted < self.admission()[0]:
+            return
+        if self.evict_elsewhere is not None:
+            self.evict_elsewhere()
+        else:
+            self.sessions.evict()
+
     def count_live(self) -> None:
-        """Publish this process's open streams (after `live` changed)."""
+        """Publish this process's open and parked streams (after `live` or `sessions` changed)."""
         if self.census is not None:
-            self.census.set(self.census_slot, len(self.live))
+            self.census.set(self.census_slot, len(self.live), self.sessions)
 
     def hand_off(self) -> int:
         """Close every live stream with the handoff code, for its client to resume it elsewhere
@@ -257,6 +306,7 @@ class Connection:
             await self._run_commands()
             if isinstance(data, bytes):
                 self.resume.audio_bytes += len(data)
+                del data  # taken: a paced stream holds its backlog, not this message besides
                 if self.session.backlog_s > self.backlog_limit_s and not await self._hold_backlog(sender):
                     return "shutdown"
             elif isinstance(msg, p.Stop):
@@ -282,9 +332,9 @@ class Connection:
     async def _open_segment(self, segment: Segment, after: Segment | None) -> None:
         """An engine stream for `segment`. After `finalize` (`after`: the segment it ended) a full
         engine waits for that segment's slot: the stream never needs two. A new stream (admitted
-        at the handshake, so a slot is being freed: a parked stream's, which is evicted, an evicted
-        one's, or the second slot of another stream's finalize in flight) waits for one up to
-        `idle_timeout_s`."""
+        at the handshake, so a slot is being freed: a parked stream's, which is evicted (in any
+        front end), an evicted one's, or the second slot of another stream's finalize in flight)
+        waits for one up to `idle_timeout_s`."""
         deadline, pause = time.monotonic() + self.state.config.server.idle_timeout_s, 0.01
         while True:
             try:
@@ -299,7 +349,7 @@ class Connection:
                     except TimeoutError:
                         pass
                 elif time.monotonic() < deadline:
-                    self.state.sessions.evict()
+                    self.state.make_room(self.state.streams() - 1)  # this stream is one of them
                     await asyncio.sleep(pause)
                     pause = min(2 * pause, 0.2)
                     continue

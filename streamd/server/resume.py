@@ -18,13 +18,15 @@ resume with it while the old connection still looks alive takes over: the old co
 closed with `TAKEN_OVER_CLOSE`, never silently. That connection is handed to the parked stream,
 which replays the messages after `last_seq` and reads on. No client within the grace period:
 the stream ends as if the client had gone. A parked stream keeps its slot, but a new stream that
-finds the daemon full takes the slot of the one parked longest (:meth:`Sessions.evict`).
+finds the daemon full takes the slot of the one parked longest (:meth:`Sessions.evict`), in
+whichever front-end process it is (`StreamContext.make_room`).
 """
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import hmac
+import math
 import secrets
 import time
 import weakref
@@ -125,6 +127,7 @@ class Sessions:
         self.grace_s = grace_s
         self._entries: dict[str, _Entry] = {}
         self._evicted: set[str] = set()  # sessions evicted whose connection has not ended yet
+        self.on_change: Callable[[], None] = lambda: None  # parked or evicted sessions changed
 
     @property
     def parked(self) -> int:
@@ -137,6 +140,11 @@ class Sessions:
         return self.parked + len(self._evicted)
 
     @property
+    def parked_since(self) -> float:
+        """When the session parked longest was parked (`time.monotonic`); inf if none is."""
+        return min((e.parked_at for e in self._entries.values() if e.waiting is not None), default=math.inf)
+
+    @property
     def evicted(self) -> int:
         """Sessions evicted for a new stream whose connection has not ended yet."""
         return len(self._evicted)
@@ -146,7 +154,9 @@ class Sessions:
 
     def remove(self, session_id: str) -> None:
         """The session's connection ended."""
-        self._evicted.discard(session_id)
+        if session_id in self._evicted:
+            self._evicted.discard(session_id)
+            self.on_change()
         entry = self._entries.pop(session_id, None)
         if entry is not None and entry.pending is not None:
             entry.pending.release()
@@ -185,12 +195,14 @@ class Sessions:
         if entry.pending is None:
             waiting: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             entry.waiting, entry.parked_at = waiting, time.monotonic()
+            self.on_change()
             stop: asyncio.Future[Any] = asyncio.ensure_future(shutdown.wait())
             try:
                 await asyncio.wait({waiting, stop}, timeout=self.grace_s, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 stop.cancel()
                 entry.waiting = None
+                self.on_change()
         attach, entry.pending = entry.pending, None
         return attach
 
@@ -203,6 +215,7 @@ class Sessions:
         oldest = min(parked, key=lambda e: e.parked_at)
         self._evicted.add(oldest.state.session_id)  # its slot counts as free until it has ended
         self._forget(oldest)
+        self.on_change()
         return True
 
     def handoff(self) -> int:

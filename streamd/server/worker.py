@@ -29,7 +29,7 @@ from streamd.server.channel import BlockingEnd
 from streamd.server.front import Front
 from streamd.server.frontends import Message, WorkerSpec, listening_socket
 from streamd.server.heap import freeze_startup_heap
-from streamd.server.handler import Census, StreamContext
+from streamd.server.handler import StreamContext
 from streamd.server.metrics import Metrics
 from streamd.server.reload import set_log_level
 from streamd.server.resume import Sessions
@@ -55,8 +55,9 @@ def run(spec: WorkerSpec) -> None:
 async def _serve(spec: WorkerSpec) -> None:
     engine = RemoteEngine(BlockingEnd(spec.sock), spec.status)
     state = StreamContext(spec.config, engine, Tokenizer(spec.tokenizer), Metrics(process=False),
-                          spec.model_name, census=Census(spec.census), census_slot=spec.index,
-                          sessions=Sessions(spec.config.server.resume_grace_s))
+                          spec.model_name, census=spec.census, census_slot=spec.index,
+                          sessions=Sessions(spec.config.server.resume_grace_s),
+                          evict_elsewhere=lambda: engine.post(("evict",)))
     engine.start(state)
     front = Front(state, metrics_text=engine.metrics_text)
 
@@ -280,6 +281,9 @@ class RemoteEngine:
             elif kind == "handoff":
                 assert self._state is not None
                 self._state.sessions.handoff()
+            elif kind == "evict":
+                assert self._state is not None
+                self._state.sessions.evict()
             elif kind == "metrics_text":
                 if (fut := self._texts.get(m[1])) is not None and not fut.done():
                     fut.set_result(m[2])

@@ -17,6 +17,8 @@ import websockets
 
 from daemon import config, running
 from streamd.engine.engine import Engine, EngineSession
+from streamd.server.front import READ_BYTES, RECEIVE_QUEUE
+from streamd.server.handler import Connection
 
 FLOOD_BYTES = 100 << 20
 PIECE = 256 << 10  # bytes per flood message (8 s of 16 kHz s16le)
@@ -120,9 +122,10 @@ def run(policy: str) -> tuple[list[float], float, int, list[dict[str, Any]], int
         Engine._deliver = deliver  # type: ignore[method-assign]
 
 
-# Documented bound (docs/protocol.md): per connection about RECEIVE_QUEUE (4) x max_message_bytes
-# of websocket buffers plus max_backlog_s of float32 audio; 4 MiB + 0.25 MiB here, 64 MiB allowed
-# for the interpreter's own noise (the unbounded daemon grew by 2.5 GB).
+# Documented bound (docs/protocol.md): per connection (RECEIVE_QUEUE + 1) x max_message_bytes of
+# websocket buffers plus one socket read, and max_backlog_s plus one message of float32 audio: about
+# 2.25 + 0.75 MiB here, 64 MiB allowed for the interpreter's own noise (the unbounded daemon grew
+# by 2.5 GB).
 RSS_BOUND_MIB = 64
 
 
@@ -139,3 +142,53 @@ def test_a_flooding_client_stalls_no_one(policy: str) -> None:
         assert code == 1008
     else:
         assert not [m for m in messages if m["type"] == "error"]
+
+
+def test_a_paced_flooding_connection_holds_what_docs_say() -> None:
+    """docs/protocol.md, "Memory per connection": received messages not yet taken (at most
+    RECEIVE_QUEUE + 1 of max_message_bytes, plus one read of the socket) and the backlog as float32
+    (max_backlog_s plus the audio of the message that went over it). The connection's buffers are
+    sampled while a client floods messages of max_message_bytes (on the old code: 5 queued)."""
+    msg_bytes, backlog_s = 256 << 10, 4.0
+    msg_s = msg_bytes / 2 / 16000
+    bound = (RECEIVE_QUEUE + 1) * msg_bytes + READ_BYTES + (backlog_s + msg_s) * 16000 * 4
+    assert RECEIVE_QUEUE + 1 == 2  # the documented figure
+    connections: list[Connection] = []
+    init = Connection.__init__
+
+    def recording(self: Connection, *args: Any) -> None:
+        init(self, *args)
+        connections.append(self)
+
+    async def main() -> float:
+        async with running(config(max_message_bytes=msg_bytes, max_backlog_s=backlog_s)) as (app, url):
+            piece = np.random.default_rng(1).normal(0, 3000, msg_bytes // 2).astype("<i2").tobytes()
+            async with websockets.connect(url + "/v1/stream", max_size=None) as ws:
+                await ws.send(START)
+                await ws.recv()
+
+                async def send() -> None:
+                    while True:
+                        await ws.send(piece)
+
+                sender = asyncio.create_task(send())
+                peak = 0.0
+                t0 = time.monotonic()
+                while time.monotonic() - t0 < 4.0:
+                    await asyncio.sleep(0.01)
+                    conn, = app.front.connections
+                    queued = sum(len(f.data) for f in conn.recv_messages.frames.queue)
+                    held = queued + len(conn.protocol.reader.buffer) + connections[0].session.backlog_s * 16000 * 4
+                    peak = max(peak, held)
+                assert app.state.metrics.registry.get_sample_value("streamd_backlog_events_total",
+                                                                   {"action": "paced"})
+                sender.cancel()
+                ws.transport.abort()
+            return peak
+
+    Connection.__init__ = recording  # type: ignore[method-assign]
+    try:
+        peak = asyncio.run(main())
+    finally:
+        Connection.__init__ = init  # type: ignore[method-assign]
+    assert peak <= bound, f"a paced connection held {peak / 2**20:.2f} MiB, more than {bound / 2**20:.2f}"

@@ -8,7 +8,13 @@ import asyncio
 import dataclasses
 import json
 import logging
+import math
+import multiprocessing
+import random
+import socket
+import struct
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -20,6 +26,7 @@ from streamd.admin_client import request
 from streamd.clients.resume import ReplayBuffer, ResumingStream
 from streamd.config import AdminConfig
 from streamd.protocol import Final, Start
+from streamd.server.handler import Census
 from test_daemon import WAVS, pcm_of
 
 START = Start(sample_rate=16000, encoding="s16le", interim_results=False, word_times=True)
@@ -322,6 +329,102 @@ def test_a_full_daemon_of_parked_streams_takes_as_many_new_ones_at_once() -> Non
             assert app.state.sessions.parked == 0
 
     asyncio.run(main())
+
+
+async def _front_end_of(url: str, app: Any, local_port: int = 0) -> tuple[Any, int]:
+    """A stream connection (no `start` yet) from `local_port` (0: any), and the front end that took it."""
+    census = app.fronts.census
+    before = list(census.slots)
+    ws = await websockets.connect(url + "/v1/stream", local_addr=("127.0.0.1", local_port))
+    async with asyncio.timeout(5):
+        while list(census.slots) == before:
+            await asyncio.sleep(0.005)
+    return ws, next(i for i, (a, b) in enumerate(zip(before, census.slots)) if b > a)
+
+
+async def _reset(ws: Any, app: Any) -> None:
+    """Drop a connection that sent no `start` with a TCP reset (its port is free again at once, no
+    TIME_WAIT), and wait until its front end has let it go."""
+    census = app.fronts.census
+    left = census.total() - 1
+    ws.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    ws.transport.abort()
+    async with asyncio.timeout(5):
+        while census.total() > left:
+            await asyncio.sleep(0.005)
+
+
+def test_parked_streams_in_one_front_end_give_their_slots_to_new_streams_at_another() -> None:
+    """With front-end processes, a new stream takes the slot of the stream parked longest in the
+    daemon, whichever front end holds it. SO_REUSEPORT picks a connection's front end by its
+    addresses: the new streams come from local ports that front end 1 took, the parked streams
+    are in front end 0."""
+    n = 4
+
+    async def main() -> None:
+        async with running(config(max_streams=n, admission="max_streams", resume_grace_s=30.0, workers=2,
+                                  idle_timeout_s=5.0)) as (app, url):
+            census = app.fronts.census
+            ports: list[int] = []  # local ports whose connections front end 1 takes
+            candidates = iter(random.Random(0).sample(range(20000, 30000), 2000))  # below the ephemeral range
+            while len(ports) < n:
+                port = next(candidates)
+                try:
+                    ws, front = await _front_end_of(url, app, port)
+                except OSError:  # the port is taken
+                    continue
+                await _reset(ws, app)
+                if front == 1:
+                    ports.append(port)
+            parked = 0
+            while parked < n:  # park n streams in front end 0
+                ws, front = await _front_end_of(url, app)
+                if front == 1:
+                    await _reset(ws, app)
+                    continue
+                await ws.send(json.dumps({"type": "start", "sample_rate": 16000, "encoding": "s16le"}))
+                await ws.recv()
+                await ws.send(PCM[:8000])
+                ws.transport.abort()
+                parked += 1
+                async with asyncio.timeout(5):
+                    while census.parked[0] < parked:
+                        await asyncio.sleep(0.005)
+            assert census.parked_total() == census.total() == n
+
+            held = []  # the new streams stay open (a stream that closes would be parked)
+
+            async def newcomer(port: int) -> str:
+                try:
+                    ws, front = await _front_end_of(url, app, port)
+                except websockets.InvalidStatus as e:
+                    return str(e.response.status_code)
+                held.append(ws)
+                assert front == 1
+                await ws.send(json.dumps({"type": "start", "sample_rate": 16000, "encoding": "s16le"}))
+                first = json.loads(await ws.recv())
+                return "ready" if first["type"] == "ready" else str(first["code"])
+
+            answers = [await newcomer(port) for port in ports]
+            assert answers == ["ready"] * n
+            assert census.parked_total() == 0
+            for ws in held:
+                await ws.send(json.dumps({"type": "stop"}))
+                await ws.wait_closed()
+
+    asyncio.run(main())
+
+
+def test_the_census_names_the_front_end_holding_the_stream_parked_longest() -> None:
+    census = Census(multiprocessing.get_context("spawn"), 3)
+    assert census.parked_longest() is None
+    census.set(0, 5, SimpleNamespace(parked=1, evicted=0, parked_since=20.0))
+    census.set(1, 2, SimpleNamespace(parked=2, evicted=1, parked_since=10.0))
+    census.set(2, 1, SimpleNamespace(parked=0, evicted=1, parked_since=math.inf))
+    assert census.parked_longest() == 1
+    assert (census.total(), census.parked_total(), census.evicted_total()) == (8, 3, 2)
+    census.set(1, 0)  # front end 1 is gone
+    assert census.parked_longest() == 0 and census.parked_total() == 1
 
 
 def test_a_finalize_in_flight_does_not_turn_an_admitted_stream_away() -> None:
