@@ -106,7 +106,7 @@ def _add_transcribe(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = sub.add_parser("transcribe", help="transcribe audio files through a running daemon")
     p.add_argument("files", nargs="+", help="audio files (WAV/FLAC/OGG, any rate and channel count)")
     p.add_argument("--url", default=DEFAULT_URL, help="the daemon, ws://HOST:PORT or wss://... (default: %(default)s)")
-    p.add_argument("--format", choices=FORMATS, default="text", help="output format (default: %(default)s)")
+    p.add_argument("--format", choices=FORMATS, default="text", help="output format; text: one line per utterance (default: %(default)s)")
     p.add_argument("--realtime", action="store_true",
                    help="send the audio in real time, like a live source (default: as fast as the daemon takes it)")
     p.add_argument("--jobs", type=int, default=4, help="files streamed concurrently (default: %(default)s)")

@@ -150,6 +150,8 @@ async def handshake(endpoint: str, cafile: str | None, open_timeout: float, toke
             raise ServerBusy(float(response.headers.get("Retry-After", "1")), response.body) from None
         if response.status_code in HANDSHAKE_REFUSALS:
             code, why = HANDSHAKE_REFUSALS[response.status_code]
+            if response.status_code == HTTPStatus.UNAUTHORIZED and token:
+                why = "wrong bearer token: the daemon does not take the one in --token-file"
             raise StreamError(code, f"HTTP {response.status_code} from {endpoint}: {why}") from None
         raise StreamError("handshake_refused", f"HTTP {response.status_code} from {endpoint}") from None
     except InvalidHandshake as e:

@@ -104,10 +104,19 @@ def jsonl(t: Transcript) -> str:
     return json.dumps(line if t.error is None else {**line, "error": t.error}, ensure_ascii=False) + "\n"
 
 
+def plain_text(t: Transcript, named: bool) -> str:
+    """Plain text: one line per utterance; ``named`` starts each with the file name (and gives a
+    file without words a line of its own name)."""
+    lines = [f.text for f in t.finals if f.text]
+    if named:
+        return "".join(f"{t.file}: {line}\n" for line in lines) or f"{t.file}:\n"
+    return "".join(line + "\n" for line in lines)
+
+
 def render(t: Transcript, fmt: str, named: bool) -> str:
     """``t`` in format ``fmt``; ``named`` prefixes plain text with the file name."""
     if fmt == "jsonl":
         return jsonl(t)
     if fmt == "text":
-        return f"{t.file}: {t.text}\n" if named else t.text + "\n"
+        return plain_text(t, named)
     return srt(t.finals) if fmt == "srt" else vtt(t.finals)

@@ -13,7 +13,8 @@ Checked on the stream path before the websocket handshake (`App.process_request`
   own origin, but not a name the daemon serves).
 - With `server.token_file` set, the request must carry the token: `Authorization: Bearer TOKEN`
   (or `Token TOKEN`, as Deepgram's clients send it), or `?token=TOKEN` in the URL for browsers
-  (they cannot set headers on a websocket); else HTTP 401.
+  (they cannot set headers on a websocket); else HTTP 401, whose body says whether no token
+  came or a wrong one.
 """
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ from websockets.datastructures import Headers
 
 SINGLE_HEADERS = ("Host", "Origin", "Authorization", "OpenAI-Beta")  # what the checks and faces read
 LOCAL_NAMES = ("localhost", "*.localhost")
+# The bodies of HTTP 401 (and the log line's reason): a client is told which it got wrong.
+MISSING_TOKEN = "no bearer token (the daemon needs one: Authorization: Bearer TOKEN or ?token=TOKEN)"
+WRONG_TOKEN = "wrong bearer token"
 
 
 @dataclass(frozen=True)
@@ -57,8 +61,8 @@ class Access:
         origin = headers.get("Origin")
         if origin is not None and not self._origin_allowed(origin, headers.get("Host", "")):
             return Refusal(HTTPStatus.FORBIDDEN, "origin", f"origin {origin[:200]!r} is not allowed\n")
-        if self._token is not None and not self._token_given(path, headers):
-            return Refusal(HTTPStatus.UNAUTHORIZED, "unauthorized", "missing or wrong bearer token\n")
+        if self._token is not None and (problem := self._token_problem(path, headers)):
+            return Refusal(HTTPStatus.UNAUTHORIZED, "unauthorized", problem + "\n")
         return None
 
     def _origin_allowed(self, origin: str, host: str) -> bool:
@@ -81,11 +85,14 @@ class Access:
         return ("*" in self._hosts or name in self._hosts
                 or any(h.startswith("*.") and name.endswith(h[1:]) for h in self._hosts))
 
-    def _token_given(self, path: str, headers: Headers) -> bool:
+    def _token_problem(self, path: str, headers: Headers) -> str | None:
+        """None when the request carries the token; else whether it carries none or a wrong one."""
         assert self._token is not None
         offered = []
         scheme, _, credentials = headers.get("Authorization", "").strip().partition(" ")
-        if scheme.lower() in ("bearer", "token"):
+        if scheme.lower() in ("bearer", "token") and credentials.strip():
             offered.append(credentials.strip())
-        offered += parse_qs(urlsplit(path).query).get("token", [])
-        return any(hmac.compare_digest(t.encode(), self._token) for t in offered)
+        offered += [t for t in parse_qs(urlsplit(path).query).get("token", []) if t]
+        if not offered:
+            return MISSING_TOKEN
+        return None if any(hmac.compare_digest(t.encode(), self._token) for t in offered) else WRONG_TOKEN

@@ -179,10 +179,11 @@ class AdminServer:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                       transport: str) -> tuple[HTTPStatus, dict[str, Any]]:
         method, path, headers, body = await read_request(reader)
-        who = self._authorise(writer, transport, headers)
+        who, why = self._authorise(writer, transport, headers)
         if who is None:
-            log.warning("admin: refused %s %s over %s from %s", method, path, transport, writer.get_extra_info("peername"))
-            return HTTPStatus.UNAUTHORIZED, {"ok": False, "error": "unauthorised"}
+            log.warning("admin: refused %s %s over %s from %s: %s", method, path, transport,
+                        writer.get_extra_info("peername"), why)
+            return HTTPStatus.UNAUTHORIZED, {"ok": False, "error": f"unauthorised: {why}"}
         log.info("admin: %s %s by %s", method, path, who)
         if (method, path) == ("GET", "/v1/status"):
             return HTTPStatus.OK, {"ok": True, **self.control.status()}
@@ -197,17 +198,21 @@ class AdminServer:
             return status, {"ok": report.ok, "migration": report.as_dict(), **self.control.status()}
         return HTTPStatus.NOT_FOUND, {"ok": False, "error": f"no route {method} {path}"}
 
-    def _authorise(self, writer: asyncio.StreamWriter, transport: str, headers: dict[str, str]) -> str | None:
-        """The caller's identity if it may use the admin API, else None."""
+    def _authorise(self, writer: asyncio.StreamWriter, transport: str,
+                   headers: dict[str, str]) -> tuple[str | None, str]:
+        """The caller's identity if it may use the admin API, else None and why not."""
         if transport == "unix":
             uid = peer_uid(writer.get_extra_info("socket"))
-            return f"uid {uid}" if uid in (0, os.getuid()) else None
+            if uid in (0, os.getuid()):
+                return f"uid {uid}", ""
+            return None, f"uid {uid} is neither root nor the daemon's user"
         scheme, _, token = headers.get("authorization", "").strip().partition(" ")
         token = token.strip()
-        if (self._token and scheme.lower() == "bearer" and token
-                and hmac.compare_digest(token.encode(), self._token.encode())):
-            return "bearer token"
-        return None
+        if scheme.lower() != "bearer" or not token:
+            return None, "no bearer token (give the admin token file with --token-file)"
+        if self._token and hmac.compare_digest(token.encode(), self._token.encode()):
+            return "bearer token", ""
+        return None, "wrong bearer token"
 
 
 def peer_uid(sock: socket.socket) -> int:

@@ -71,12 +71,12 @@ class Front:
             if conn.refusal is not None:
                 return conn.refusal
             if conn.head_only:
-                r = await self._route(request)
+                r = await self._route(conn, request)
                 return without_body(r) if r is not None else response(
                     HTTPStatus.METHOD_NOT_ALLOWED, b"", extra={"Allow": "GET"})
-        return await self._route(request)
+        return await self._route(conn, request)
 
-    async def _route(self, request: Request) -> Response | None:
+    async def _route(self, conn: ServerConnection, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]
         if path == "/livez":
             return response(HTTPStatus.OK, b"ok\n")
@@ -92,6 +92,9 @@ class Front:
             return response(HTTPStatus.NOT_FOUND, b"not found\n")
         if refusal := self.access.check(request.path, request.headers):
             self.state.metrics.rejections.labels(reason=refusal.reason).inc()
+            # the path without its query: a ?token= is never logged
+            log.warning("refused %s from %s: HTTP %d, %s", path, conn.remote_address, refusal.status.value,
+                        refusal.message.strip())
             extra = {"WWW-Authenticate": 'Bearer realm="streamd"'} if refusal.status == HTTPStatus.UNAUTHORIZED else None
             return response(refusal.status, refusal.message.encode(), extra=extra)
         if path == LISTEN_PATH and (bad := listen_refusal(request.path)) is not None:

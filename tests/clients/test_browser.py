@@ -12,9 +12,11 @@ import asyncio
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import soundfile as sf
@@ -27,8 +29,11 @@ from streamd.config import EndpointingConfig
 CHROMIUM = shutil.which("chromium")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
 
-FINALS_JS = ("JSON.stringify([...document.querySelectorAll('#finals li')].map("
+FINALS_JS = ("JSON.stringify([...document.querySelectorAll('.finals li')].map("
              "li => ({text: li.querySelector('.text').textContent, reason: li.dataset.reason})))")
+SECTIONS_JS = ("JSON.stringify([...document.querySelectorAll('.session')].map(s => ({heading: "
+               "s.querySelector('h3').textContent, texts: [...s.querySelectorAll('.text')].map(t => t.textContent)})))")
+HEADING = re.compile(r"Session (\d+), \d{4}-\d\d-\d\d (\d\d:\d\d:\d\d) – (\d\d:\d\d:\d\d)")
 
 
 def self_signed(tmp: Path) -> tuple[Path, Path]:
@@ -67,7 +72,7 @@ def test_page_transcribes_the_microphone(tmp_path: Path, scheme: str) -> None:
                 await page.evaluate("document.getElementById('toggle').click()", user_gesture=True)
                 # the fake microphone loops the WAV: wait for two finals, and for two loops of
                 # audio, so that one whole copy lies in what the daemon received
-                await page.wait_for("document.querySelectorAll('#finals li').length >= 2", timeout=90)
+                await page.wait_for("document.querySelectorAll('.finals li').length >= 2", timeout=90)
                 loop = len(speech(pad_s=1.0))
                 for _ in range(300):
                     if received.samples() >= 2 * loop:
@@ -90,6 +95,62 @@ def test_page_transcribes_the_microphone(tmp_path: Path, scheme: str) -> None:
 
     asyncio.run(main())
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_page_separates_sessions_shows_the_level_and_copies_and_downloads(tmp_path: Path) -> None:
+    """Two streams from one page: a section each with its times, the level meter moving while
+    listening, and the transcript (a heading and one line per utterance per session) copied to
+    the clipboard and downloaded as .txt."""
+    wav = tmp_path / "speech.wav"
+    sf.write(wav, speech(pad_s=1.0), 16000, subtype="PCM_16")
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    flags = ["--use-fake-device-for-media-stream", f"--use-file-for-fake-audio-capture={wav}",
+             "--use-fake-ui-for-media-stream", "--autoplay-policy=no-user-gesture-required"]
+    click = "document.getElementById({!r}).click()".format
+    level = "document.getElementById('level').value"
+
+    async def main() -> tuple[list[dict[str, Any]], str, str, list[Path]]:
+        rules = EndpointingConfig(max_utterance_ms=3000)
+        async with running(dataclasses.replace(config(), endpointing=rules)) as (app, url):
+            origin = url.replace("ws", "http", 1)
+            async with launch(str(CHROMIUM), tmp_path / "profile", flags, tmp_path / "chromium.log") as browser:
+                await browser.send("Browser.grantPermissions", {
+                    "origin": origin, "permissions": ["clipboardReadWrite", "clipboardSanitizedWrite"]})
+                await browser.send("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)})
+                page = await browser.new_page()
+                await page.send("Emulation.setFocusEmulationEnabled", enabled=True)  # the clipboard wants focus
+                await page.goto(origin + "/")
+                assert await page.evaluate("document.getElementById('copy').disabled") is True
+                assert await page.evaluate(level) == -60
+                for n in (1, 2):
+                    await page.evaluate(click("toggle"), user_gesture=True)
+                    await page.wait_for(f"document.querySelectorAll('.session:nth-child({n}) .finals li').length", 90)
+                    assert -45 < await page.wait_for(f"{level} > -45 && {level}", 30) <= 0
+                    await page.evaluate(click("toggle"), user_gesture=True)
+                    await page.wait_for("document.body.dataset.state === 'closed'", 30)
+                    assert await page.evaluate(level) == -60  # the meter rests when nothing is recorded
+                sections = json.loads(await page.evaluate(SECTIONS_JS))
+                await page.evaluate(click("copy"), user_gesture=True)
+                await page.wait_for("document.getElementById('copy').textContent === 'Copied'", 10)
+                copied = await page.evaluate("navigator.clipboard.readText()", user_gesture=True)
+                await page.evaluate(click("download"), user_gesture=True)
+                for _ in range(100):
+                    if (saved := list(downloads.glob("*.txt"))):
+                        break
+                    await asyncio.sleep(0.1)
+                return sections, copied, await page.evaluate("transcriptText()"), saved
+
+    sections, copied, text, saved = asyncio.run(main())
+    assert len(sections) == 2
+    for n, section in enumerate(sections, 1):
+        heading = HEADING.fullmatch(section["heading"])
+        assert heading and int(heading[1]) == n and heading[2] <= heading[3], section["heading"]
+        assert section["texts"] and all(section["texts"])
+    assert text == "\n".join("\n".join([s["heading"], *s["texts"]]) + "\n" for s in sections)
+    assert copied == text
+    assert len(saved) == 1 and re.fullmatch(r"streamd-\d{4}-\d\d-\d\d-\d{6}\.txt", saved[0].name), saved
+    assert saved[0].read_text(encoding="utf-8") == text
 
 
 def test_page_says_why_no_stream_opens(tmp_path: Path) -> None:

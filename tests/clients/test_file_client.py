@@ -23,6 +23,7 @@ from daemon import TINY, config, running, stream_pcm
 from streamd.config import EndpointingConfig
 from streamd.clients.file import Options, load_audio, transcribe_file, transcribe_files
 from streamd.clients.output import Transcript, render
+from streamd.protocol import Final
 
 WAVS = sorted(FIXTURES.glob("in*.wav"))
 
@@ -202,6 +203,7 @@ def test_srt_and_vtt_are_valid(tmp_path: Path) -> None:
         assert len(utterances) >= 2 and {u["start"] for u in utterances} <= {round(c[0], 3) for c in cues}
         assert all(u["end"] <= 4.37 for u in utterances)
         assert squeeze(" ".join(c[2] for c in cues)) == squeeze(text.stdout)
+        assert text.stdout.splitlines() == [u["text"] for u in utterances]  # one line per utterance
         assert vtt.stdout.startswith("WEBVTT\n\n")
         assert parse_cues(vtt.stdout[len("WEBVTT\n\n"):], VTT_CUE, numbered=False) == cues
         assert several.returncode == 2 and "--output-dir" in several.stderr
@@ -210,6 +212,16 @@ def test_srt_and_vtt_are_valid(tmp_path: Path) -> None:
             assert parse_cues((tmp_path / f"{wav.stem}.srt").read_text(), SRT_CUE, numbered=True)
 
     asyncio.run(main())
+
+
+def test_plain_text_is_one_line_per_utterance() -> None:
+    finals = [Final(0, "turn the lights off", 0.3, 1.6, 1.6, "endpoint"), Final(1, "", 1.6, 2.0, 2.0, "endpoint"),
+              Final(2, "and the radio", 2.4, 3.1, 3.2, "end_of_stream")]
+    t = Transcript("a.wav", 3.2, finals)
+    assert render(t, "text", named=False) == "turn the lights off\nand the radio\n"
+    assert render(t, "text", named=True) == "a.wav: turn the lights off\na.wav: and the radio\n"
+    assert render(Transcript("b.wav", 1.0, finals[1:2]), "text", named=True) == "b.wav:\n"
+    assert render(Transcript("b.wav", 1.0), "text", named=False) == ""
 
 
 def test_a_file_that_cannot_be_read_is_reported_and_the_others_still_transcribed(tmp_path: Path) -> None:

@@ -68,6 +68,48 @@ def test_bearer_token_in_header_or_query(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+def test_a_refused_token_is_logged_and_told_missing_or_wrong(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """One WARNING line per 401 (never the token, offered or real); the body, and the bundled
+    client's error, say whether no token came or a wrong one."""
+    from streamd.clients.file import Options, transcribe_file
+    wav = tmp_path / "a.wav"
+    sf.write(wav, sf.read(str(FIXTURES / "in3_espeak_sentence.wav"), dtype="int16")[0], 16000)
+    offered = "wr0ng-Tok3n"
+
+    async def refusal(url: str, path: str = "/v1/stream", **kw: Any) -> tuple[int, str]:
+        try:
+            async with websockets.connect(url + path, **kw):
+                return 101, ""
+        except websockets.InvalidStatus as e:
+            return e.response.status_code, e.response.body.decode()
+
+    async def main() -> list[str]:
+        async with running(config(token_file=token_file(tmp_path))) as (app, url):
+            missing = [await refusal(url), await refusal(url, additional_headers={"Authorization": f"Basic {offered}"}),
+                       await refusal(url, additional_headers={"Authorization": "Bearer "}),
+                       await refusal(url, "/v1/stream?token=")]
+            wrong = [await refusal(url, additional_headers={"Authorization": f"Bearer {offered}"}),
+                     await refusal(url, f"/v1/stream?token={offered}")]
+            assert all(s == 401 and b.startswith("no bearer token") for s, b in missing), missing
+            assert all(s == 401 and b == "wrong bearer token\n" for s, b in wrong), wrong
+            none = await transcribe_file(str(wav), Options(url))
+            bad = await transcribe_file(str(wav), Options(url, token=offered))
+            return [none.error or "", bad.error or ""]
+
+    caplog.set_level(logging.INFO)
+    none, bad = asyncio.run(main())
+    assert "unauthorized: HTTP 401" in none and "needs a bearer token (--token-file)" in none, none
+    assert "unauthorized: HTTP 401" in bad and "wrong bearer token" in bad, bad
+    refused = [r.getMessage() for r in caplog.records if r.getMessage().startswith("refused ")]
+    assert len(refused) == 8 and all(r.levelno == logging.WARNING for r in caplog.records
+                                     if r.getMessage().startswith("refused ")), refused
+    assert sum("HTTP 401, no bearer token" in m for m in refused) == 5, refused
+    assert sum("HTTP 401, wrong bearer token" in m for m in refused) == 3, refused
+    assert all(m.startswith("refused /v1/stream from ") and "127.0.0.1" in m for m in refused), refused
+    logged = "\n".join(r.getMessage() + " " + str(vars(r)) for r in caplog.records)
+    assert offered not in logged and TOKEN not in logged
+
+
 def _get(url: str, path: str) -> int:
     import urllib.request
 

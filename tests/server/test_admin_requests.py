@@ -92,6 +92,9 @@ def test_bad_requests_get_400_and_stalled_ones_408(tmp_path: Path, monkeypatch: 
     asyncio.run(main())
 
 
+NO_TOKEN = "unauthorised: no bearer token (give the admin token file with --token-file)"
+
+
 def test_tcp_admin_needs_the_bearer_scheme_and_warns_on_a_readable_token(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     token = tmp_path / "token"
@@ -104,18 +107,26 @@ def test_tcp_admin_needs_the_bearer_scheme_and_warns_on_a_readable_token(
             port = s.getsockname()[1]
         cfg = config(admin=AdminConfig(socket=None, port=port, token_file=token))
         async with running(cfg):
-            def get(auth: str) -> int:
+            def get(auth: str) -> tuple[int, str]:
                 with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
                     s.sendall(f"GET /v1/status HTTP/1.1\r\nAuthorization: {auth}\r\n\r\n".encode())
-                    return int(s.recv(65536).split()[1])
-            assert await asyncio.to_thread(get, "s3cret-token") == 401  # the bare token, no scheme
-            assert await asyncio.to_thread(get, "Basic s3cret-token") == 401
-            assert await asyncio.to_thread(get, "Bearer s3cret-token") == 200
-            assert await asyncio.to_thread(get, "bearer s3cret-token") == 200  # schemes are case-insensitive
+                    head, _, body = s.recv(65536).partition(b"\r\n\r\n")
+                    return int(head.split()[1]), json.loads(body).get("error", "")
+            assert await asyncio.to_thread(get, "s3cret-token") == (401, NO_TOKEN)  # the bare token, no scheme
+            assert await asyncio.to_thread(get, "Basic s3cret-token") == (401, NO_TOKEN)
+            assert await asyncio.to_thread(get, "Bearer wr0ng-token") == (401, "unauthorised: wrong bearer token")
+            assert (await asyncio.to_thread(get, "Bearer s3cret-token"))[0] == 200
+            assert (await asyncio.to_thread(get, "bearer s3cret-token"))[0] == 200  # schemes are case-insensitive
 
     with caplog.at_level(logging.WARNING, logger="streamd.server"):
         asyncio.run(main())
     assert any("admin token file" in r.getMessage() and "every user" in r.getMessage() for r in caplog.records)
+    refused = [r.getMessage() for r in caplog.records if r.getMessage().startswith("admin: refused")]
+    assert [m.rsplit(": ", 1)[1] for m in refused] == [
+        NO_TOKEN.split(": ", 1)[1]] * 2 + ["wrong bearer token"], refused
+    assert all("GET /v1/status over tcp from ('127.0.0.1', " in m for m in refused), refused
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "s3cret" not in logged and "wr0ng" not in logged
 
 
 def test_a_second_daemon_does_not_take_over_a_live_admin_socket(tmp_path: Path) -> None:

@@ -1,13 +1,17 @@
 // The browser client of streamd's protocol v1 (docs/protocol.md): microphone -> AudioWorklet ->
 // 16-bit PCM at the audio context's rate over the websocket (the server resamples); partials and
-// finals are shown live. The page's state is in the DOM for scripts and tests:
+// finals are shown live, each stream in a section of its own; the transcript can be copied or
+// downloaded as text. The page's state is in the DOM for scripts and tests:
 // body[data-state] (idle, connecting, listening, stopping, closed, error), body[data-endpoint],
-// and one #finals li[data-reason][data-start][data-end] with a .text span per final.
+// #level (the microphone's level in dBFS while listening), one section.session[data-started]
+// (and [data-ended]) per stream, with one .finals li[data-reason][data-start][data-end] with a
+// .text span per final.
 'use strict';
 
-const BLOCK_S = 0.05;  // 50 ms per message
+const BLOCK_S = 0.05;        // 50 ms per message
+const LEVEL_FLOOR_DB = -60;  // the meter's bottom
 const $ = (id) => document.getElementById(id);
-let session = null;    // {ws, mic, error, summary, ready} while a stream is open
+let session = null;          // {ws, mic, error, summary, ready, section} while a stream is open
 
 function setState(state, message) {
   document.body.dataset.state = state;
@@ -31,6 +35,74 @@ function formatTime(seconds) {
   return `${String(minutes).padStart(2, '0')}:${(seconds - 60 * minutes).toFixed(2).padStart(5, '0')}`;
 }
 
+const pad = (n) => String(n).padStart(2, '0');
+const day = (d) => `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())}`;
+const clock = (d) => `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+
+// A section for a stream that began now, headed by its number and local start time.
+function openSection() {
+  const started = new Date();
+  const section = document.createElement('section');
+  section.className = 'session';
+  section.dataset.started = started.toISOString();
+  const heading = document.createElement('h3');
+  heading.textContent = `Session ${document.querySelectorAll('.session').length + 1}, ` +
+    `${day(started)} ${clock(started)}`;
+  const finals = document.createElement('ol');
+  finals.className = 'finals';
+  section.append(heading, finals);
+  $('sessions').append(section);
+  return section;
+}
+
+function closeSection(section) {
+  const ended = new Date();
+  section.dataset.ended = ended.toISOString();
+  section.querySelector('h3').textContent += ` – ${clock(ended)}`;
+}
+
+// The transcript as text: per session its heading, then one line per utterance.
+function transcriptText() {
+  return [...document.querySelectorAll('.session')].map((section) => [
+    section.querySelector('h3').textContent,
+    ...[...section.querySelectorAll('.finals .text')].map((text) => text.textContent),
+  ].join('\n') + '\n').join('\n');
+}
+
+function flash(button, label) {
+  const was = button.textContent;
+  button.textContent = label;
+  setTimeout(() => { button.textContent = was; }, 1500);
+}
+
+async function copyTranscript() {
+  const text = transcriptText();
+  try {
+    await navigator.clipboard.writeText(text);
+  } catch (e) {  // no clipboard API: a plain http:// page on a host other than localhost
+    const area = document.createElement('textarea');
+    area.value = text;
+    document.body.append(area);
+    area.select();
+    const copied = document.execCommand('copy');
+    area.remove();
+    if (!copied) {
+      flash($('copy'), 'Copy failed');
+      return;
+    }
+  }
+  flash($('copy'), 'Copied');
+}
+
+function downloadTranscript() {
+  const started = new Date(document.querySelector('.session').dataset.started);
+  const link = document.createElement('a');
+  link.href = URL.createObjectURL(new Blob([transcriptText()], {type: 'text/plain;charset=utf-8'}));
+  link.download = `streamd-${day(started)}-${clock(started).replaceAll(':', '')}.txt`;
+  link.click();
+  setTimeout(() => URL.revokeObjectURL(link.href), 10000);
+}
+
 function showFinal(msg) {
   $('partial').textContent = '';
   if (!msg.text) return;
@@ -43,13 +115,15 @@ function showFinal(msg) {
   text.className = 'text';
   text.textContent = msg.text;
   item.append(time, text);
-  $('finals').append(item);
+  session.section.querySelector('.finals').append(item);
+  $('copy').disabled = $('download').disabled = false;
 }
 
 function onMessage(msg) {
   switch (msg.type) {
     case 'ready':
       session.ready = true;
+      session.section = openSection();
       setState('listening', `Listening (${msg.sample_rate} Hz)…`);
       $('session').textContent = `${msg.model} on ${msg.device} (${msg.dtype}), ` +
         `${msg.chunk_ms} ms chunks, session ${msg.session_id}`;
@@ -101,12 +175,31 @@ async function openMicrophone() {
   }
   const node = new AudioWorkletNode(context, 'pcm-capture',
     {processorOptions: {blockSize: Math.round(context.sampleRate * BLOCK_S)}});
-  context.createMediaStreamSource(media).connect(node);
+  const source = context.createMediaStreamSource(media);
+  source.connect(node);
   node.connect(context.destination);  // keeps the graph pulling the node; it outputs silence
-  return {media, context, node};
+  return {media, context, node, meter: levelMeter(context, source)};
+}
+
+// Shows the input's level (RMS over the last ~40 ms, in dBFS) on #level ten times a second;
+// returns the timer.
+function levelMeter(context, source) {
+  const analyser = context.createAnalyser();
+  analyser.fftSize = 2048;
+  source.connect(analyser);
+  const samples = new Float32Array(analyser.fftSize);
+  return setInterval(() => {
+    analyser.getFloatTimeDomainData(samples);
+    const power = samples.reduce((sum, x) => sum + x * x, 0) / samples.length;
+    const db = Math.max(LEVEL_FLOOR_DB, 10 * Math.log10(power || 1e-12));
+    $('level').value = db;
+    $('level').title = `input level ${db.toFixed(0)} dBFS`;
+  }, 100);
 }
 
 function releaseMicrophone(mic) {
+  clearInterval(mic.meter);
+  $('level').value = LEVEL_FLOOR_DB;
   mic.node.port.onmessage = null;
   mic.media.getTracks().forEach((track) => track.stop());
   if (mic.context.state !== 'closed') mic.context.close();
@@ -114,8 +207,9 @@ function releaseMicrophone(mic) {
 
 function onClose(event) {
   releaseMicrophone(session.mic);
-  const {error, summary, ready} = session;
+  const {error, summary, ready, section} = session;
   session = null;
+  if (section) closeSection(section);
   if (error) {
     setState('error', `Error: ${error}`);
   } else if (summary) {
@@ -149,7 +243,7 @@ async function start() {
   setState('connecting', `Connecting to ${url}…`);
   const ws = new WebSocket(url);
   ws.binaryType = 'arraybuffer';
-  session = {ws, mic, error: null, summary: null, ready: false};
+  session = {ws, mic, error: null, summary: null, ready: false, section: null};
   ws.onopen = () => ws.send(JSON.stringify(
     {type: 'start', sample_rate: mic.context.sampleRate, encoding: 's16le'}));
   mic.node.port.onmessage = (event) => {
@@ -166,3 +260,5 @@ function stop() {
 }
 
 $('toggle').addEventListener('click', () => (session ? stop() : start()));
+$('copy').addEventListener('click', copyTranscript);
+$('download').addEventListener('click', downloadTranscript);
