@@ -68,6 +68,14 @@ class Made:
         self.decoders.append(BucketedGraphDecoder(m.decoder, m.joint, m.dims.blank_id, backend=FakeDecoderBackend()))
         return self.decoders[-1]
 
+    def started(self, master: Any, batch_wait_s: float = 0.0) -> tuple[Recognizer, Engine]:
+        """A started engine of SLOTS slots over a copy of `master`, with these factories."""
+        rec = Recognizer(copy.deepcopy(master), SLOTS, CONTEXT[0], search_factory=self.decoder,
+                         encoder_factory=self.encoder)
+        engine = Engine(rec, max_batch=SLOTS, batch_wait_s=batch_wait_s)
+        engine.start()
+        return rec, engine
+
     def captures(self) -> tuple[int, int]:
         """Captures of the latest encoder step and decoder so far."""
         return len(self.encoders[-1].backend.captures), len(self.decoders[-1]._make.keywords["backend"].captures)
@@ -89,10 +97,7 @@ def test_the_targets_graphs_are_captured_before_the_cut_over() -> None:
     rng = np.random.default_rng(0)
 
     async def main() -> None:
-        rec = Recognizer(copy.deepcopy(master), SLOTS, CONTEXT[0], search_factory=made.decoder,
-                         encoder_factory=made.encoder)
-        engine = Engine(rec, max_batch=SLOTS, batch_wait_s=0.05)
-        engine.start()
+        rec, engine = made.started(master, batch_wait_s=0.05)
         try:
             warmed = await engine.call(lambda r: r.capture_graphs(SLOTS))
             assert warmed and made.encoders[0].buckets
@@ -149,10 +154,7 @@ def test_a_failed_cut_over_keeps_the_sources_graphs(monkeypatch: pytest.MonkeyPa
     made = Made()
 
     async def main() -> None:
-        rec = Recognizer(copy.deepcopy(master), SLOTS, CONTEXT[0], search_factory=made.decoder,
-                         encoder_factory=made.encoder)
-        engine = Engine(rec, max_batch=SLOTS, batch_wait_s=0.0)
-        engine.start()
+        rec, engine = made.started(master)
         try:
             await engine.call(lambda r: r.capture_graphs(SLOTS))
             source = rec.encoder_step, rec.search
@@ -193,10 +195,7 @@ def test_a_target_without_room_is_refused_before_anything_is_allocated(monkeypat
     rng = np.random.default_rng(1)
 
     async def main() -> None:
-        rec = Recognizer(copy.deepcopy(master), SLOTS, CONTEXT[0], search_factory=made.decoder,
-                         encoder_factory=made.encoder)
-        engine = Engine(rec, max_batch=SLOTS, batch_wait_s=0.0)
-        engine.start()
+        rec, engine = made.started(master)
         try:
             await engine.call(lambda r: r.capture_graphs(SLOTS))
             report = await engine.migrate(master, None, torch.bfloat16)
@@ -228,10 +227,7 @@ def test_graphs_stop_at_the_memory_kept_for_serving_and_the_rest_follow_the_move
     rng = np.random.default_rng(2)
 
     async def main() -> None:
-        rec = Recognizer(copy.deepcopy(master), SLOTS, CONTEXT[0], search_factory=made.decoder,
-                         encoder_factory=made.encoder)
-        engine = Engine(rec, max_batch=SLOTS, batch_wait_s=0.0)
-        engine.start()
+        rec, engine = made.started(master)
         try:
             await engine.call(lambda r: r.capture_graphs(SLOTS))
             enc_sizes, dec_sizes = rec.graph_sizes()
@@ -259,10 +255,7 @@ def test_only_the_batch_sizes_in_use_are_prepared() -> None:
     rng = np.random.default_rng(5)
 
     async def main() -> None:
-        rec = Recognizer(copy.deepcopy(master), SLOTS, CONTEXT[0], search_factory=made.decoder,
-                         encoder_factory=made.encoder)
-        engine = Engine(rec, max_batch=SLOTS, batch_wait_s=0.0)
-        engine.start()
+        rec, engine = made.started(master)
         try:
             await engine.call(lambda r: r.capture_graphs(SLOTS))
             enc_sizes, dec_sizes = rec.graph_sizes()
