@@ -310,7 +310,7 @@ class Engine:
                 report.graphs_deferred = steps.deferred
                 self._set_cutting_over(True)
                 try:
-                    report.pause_ms, report.streams, before, landed = await self.call(
+                    report.pause_ms, report.streams, before, landed, release = await self.call(
                         lambda r: self._cut_over(r, target, staged, steps))
                 finally:
                     self._set_cutting_over(False)
@@ -325,20 +325,21 @@ class Engine:
                     pass  # no step since: nothing to measure
                 else:
                     report.serving_gap_ms = (after - before) * 1000
+            await asyncio.to_thread(release)
             return report
 
     def _cut_over(self, rec: Recognizer, target: Transducer, staged: Any, steps: PreparedSteps
-                  ) -> tuple[float, int, float, Future[float] | None]:
+                  ) -> tuple[float, int, float, Future[float] | None, Callable[[], None]]:
         """`cut_over` on the engine thread; also when the serving gap began (the last landing,
-        at most one chunk before the pause) and, if streams have a chunk waiting, a future of
-        the next landing (None: no stream waits for a step)."""
+        at most one chunk before the pause), if streams have a chunk waiting a future of the
+        next landing (None: no stream waits for a step), and the source's `release`."""
         paused = time.perf_counter()
-        pause_ms, streams = cut_over(rec, target, staged, steps)
+        pause_ms, streams, release = cut_over(rec, target, staged, steps)
         landed: Future[float] | None = None
         if self._count_ready():
             landed = Future()
             self._landing.append(landed)
-        return pause_ms, streams, max(self._landed_at, paused - rec.geometry.chunk_ms / 1000), landed
+        return pause_ms, streams, max(self._landed_at, paused - rec.geometry.chunk_ms / 1000), landed, release
 
     def _set_cutting_over(self, on: bool) -> None:
         self._cutting_over = on

@@ -198,11 +198,13 @@ def prepare_steps(rec: Recognizer, target: Transducer, sizes: tuple[list[int], l
 
 
 def cut_over(rec: Recognizer, target: Transducer, staged: EncoderCache | None = None,
-             steps: PreparedSteps | None = None) -> tuple[float, int]:
+             steps: PreparedSteps | None = None) -> tuple[float, int, Callable[[], None]]:
     """Swap a prepared `target` in at a step boundary (with its `steps`, if prepared); runs on
     the engine thread, so no step runs meanwhile and audio that arrives is queued. Converts
     every live stream's encoder caches (into `staged`, if given) and decoder carry. Returns
-    (pause ms, live streams); on failure puts the source back and raises MigrationFailed."""
+    (pause ms, live streams, release): `release()` frees the source model, its graphs and its
+    pools, which takes tens of ms on a GPU, so the caller runs it after the first step on the
+    target instead of inside the pause. On failure puts the source back and raises MigrationFailed."""
     t0 = time.perf_counter()
     source, source_steps = rec.model, (rec.encoder_step, rec.search)
     try:
@@ -216,13 +218,19 @@ def cut_over(rec: Recognizer, target: Transducer, staged: EncoderCache | None = 
         _empty_cache(target.device)
         raise MigrationFailed(f"{type(e).__name__}: {e}") from e
     t2 = time.perf_counter()
-    old_device = source.device
-    del source, source_steps  # and with them the source's graphs and their pools
-    _empty_cache(old_device)
-    t3 = time.perf_counter()
-    log.info("migration cut-over: state queued %.1f ms, synchronized %.1f ms, source released %.1f ms (%d streams)",
-             (t1 - t0) * 1000, (t2 - t1) * 1000, (t3 - t2) * 1000, rec.active)
-    return (t3 - t0) * 1000, rec.active
+    log.info("migration cut-over: state queued %.1f ms, synchronized %.1f ms (%d streams)",
+             (t1 - t0) * 1000, (t2 - t1) * 1000, rec.active)
+    held = [source, source_steps]
+
+    def release() -> None:
+        device = held[0].device
+        t = time.perf_counter()
+        with DEVICE_LOCK:  # no capture runs while the source's graphs and pools go
+            held.clear()
+            _empty_cache(device)
+        log.info("migration: source %s released in %.1f ms", device, (time.perf_counter() - t) * 1000)
+
+    return (t2 - t0) * 1000, rec.active, release
 
 
 def _probe(rec: Recognizer) -> None:

@@ -1,6 +1,9 @@
 """The streaming pipeline: streaming == offline, batch invariance, reduced precision."""
 from __future__ import annotations
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 import torch
@@ -167,11 +170,12 @@ def test_plain_to_mid_stream_is_enough() -> None:
 
 def test_cut_over_copies_slot_state_into_the_staged_buffers() -> None:
     """A migration target's slot-state buffers are allocated before the pause; the cut-over
-    copies into exactly those buffers, and the transcript is the one without a move."""
+    copies into exactly those buffers, and the transcript is the one without a move. The source
+    model lives until `release()` (after the first step on the target), then goes."""
     m = fixture_model("rnnt").model.eval()
     audio = reference("rnnt")["inputs"]["in1_am_tones_bursts_4p37s"]["audio"].numpy()
     expected = transcribe_offline(m, torch.from_numpy(audio))
-    rec = Recognizer(m, capacity=3)
+    rec = Recognizer(placed_copy(m, torch.device("cpu"), torch.float32), capacity=3)
     s = rec.open()
     s.push_audio(audio[:30000])
     while s.ready:
@@ -179,12 +183,17 @@ def test_cut_over_copies_slot_state_into_the_staged_buffers() -> None:
     target = placed_copy(m, torch.device("cpu"), torch.float64)
     staged = stage_cache(target, rec.capacity, rec.att_context)
     before = rec.state_tensors()[0].channel.clone()
-    cut_over(rec, target, staged)
+    source = weakref.ref(rec.model)
+    _, _, release = cut_over(rec, target, staged)
+    assert source() is not None  # freed by `release`, after the pause
+    release()
+    gc.collect()
+    assert source() is None
     cache = rec.state_tensors()[0]
     assert cache is staged and cache.channel.dtype == torch.float64
     assert torch.equal(cache.channel, before.double())
     back = placed_copy(m, torch.device("cpu"), torch.float32)
-    cut_over(rec, back)  # no staged buffers: converted with .to()
+    cut_over(rec, back)[2]()  # no staged buffers: converted with .to()
     assert rec.state_tensors()[0].channel.dtype == torch.float32
     s.push_audio(audio[30000:])
     s.end()
