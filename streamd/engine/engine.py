@@ -335,6 +335,8 @@ class Engine:
         next landing (None: no stream waits for a step), and the source's `release`."""
         paused = time.perf_counter()
         pause_ms, streams, release = cut_over(rec, target, staged, steps)
+        if steps.deferred:  # the first steps capture graphs: they need the source's memory
+            release()
         landed: Future[float] | None = None
         if self._count_ready():
             landed = Future()

@@ -202,9 +202,10 @@ def cut_over(rec: Recognizer, target: Transducer, staged: EncoderCache | None = 
     """Swap a prepared `target` in at a step boundary (with its `steps`, if prepared); runs on
     the engine thread, so no step runs meanwhile and audio that arrives is queued. Converts
     every live stream's encoder caches (into `staged`, if given) and decoder carry. Returns
-    (pause ms, live streams, release): `release()` frees the source model, its graphs and its
-    pools, which takes tens of ms on a GPU, so the caller runs it after the first step on the
-    target instead of inside the pause. On failure puts the source back and raises MigrationFailed."""
+    (pause ms, live streams, release): `release()` (idempotent) frees the source model, its graphs
+    and its pools, which takes tens of ms on a GPU, so the caller runs it after the first step on
+    the target instead of inside the pause, unless that step needs the memory. On failure puts
+    the source back and raises MigrationFailed."""
     t0 = time.perf_counter()
     source, source_steps = rec.model, (rec.encoder_step, rec.search)
     try:
@@ -223,6 +224,8 @@ def cut_over(rec: Recognizer, target: Transducer, staged: EncoderCache | None = 
     held = [source, source_steps]
 
     def release() -> None:
+        if not held:
+            return
         device = held[0].device
         t = time.perf_counter()
         with DEVICE_LOCK:  # no capture runs while the source's graphs and pools go
