@@ -22,7 +22,8 @@ padded rows never reach real ones, and only real rows are copied back.
 
 Validity, as for the decoder (`streamd.decoding.graphs`): graphs are bound to memory addresses.
 Before every call the step compares an `EncoderGraphKey` (device, parameter dtype, data_ptr of
-every encoder parameter and buffer, the call's attention context, mel window shape) with the one
+every encoder parameter and buffer, the call's attention context, mel window shape, the slot
+cache's layout) with the one
 the graphs were captured for; on any difference it drops every graph, the static buffers and the pool,
 and captures again lazily, bucket by bucket, as buckets are used. Nothing device-specific
 exists before the first call, so a plain `model.to(...)` (another GPU, bf16, the CPU and back)
@@ -68,6 +69,7 @@ class EncoderGraphKey:
     weights: tuple[int, ...]  # data_ptr() of every encoder parameter and buffer
     att_context: tuple[int, int]  # the calls' argument, baked into the captured masks and cache shape
     window: tuple[int, int]  # (n_mels, W) of the mel input
+    kv: bool = True  # the slot cache's layout (`EncoderCache.kv`): keys and values, or NeMo's inputs
 
     def changes_from(self, old: EncoderGraphKey | None) -> str:
         """Why graphs captured for `old` cannot serve `self` ('' when they can)."""
@@ -78,6 +80,8 @@ class EncoderGraphKey:
             why.append(f"attention context {list(old.att_context)} -> {list(self.att_context)}")
         if old.window != self.window:
             why.append(f"mel window {old.window} -> {self.window}")
+        if old.kv != self.kv:
+            why.append("cache layout " + " -> ".join("keys/values" if kv else "inputs" for kv in (old.kv, self.kv)))
         return ", ".join(why)
 
 
@@ -125,7 +129,7 @@ class _Views:
     lengths: Tensor  # (n,) int64
     start: Tensor  # (n,) int64
     rows: Tensor  # (n,) int64: the gather index (slot of each row)
-    cache: EncoderCache  # the gathered input cache: (L, n, C, d), (L, n, d, K-1), (n,)
+    cache: EncoderCache  # the gathered input cache: (L, n, C, d or 2d), (L, n, d, K-1), (n,)
     out: EncoderCache  # the next cache, same shapes
     enc: Tensor  # (n, T_out, d)
     enc_len: Tensor  # (n,) int64
@@ -141,9 +145,9 @@ class _Static:
         for _ in range(3):  # the subsampling's three causal stride-2 stages
             t_out = t_out // 2 + 1
         t_out -= DROP_EXTRA_PRE_ENCODED
-        self.capacity = capacity
+        self.capacity, self.kv = capacity, key.kv
         self.shapes: dict[str, tuple[int, ...]] = {  # per row
-            "mel": (n_mels, w), "channel": (d.n_layers, key.att_context[0], d.d_model),
+            "mel": (n_mels, w), "channel": (d.n_layers, key.att_context[0], d.d_model * (2 if key.kv else 1)),
             "time": (d.n_layers, d.d_model, d.conv_kernel - 1), "enc": (t_out, d.d_model), "row": ()}
 
         def flat(what: str, dtype: torch.dtype) -> Tensor:
@@ -161,13 +165,13 @@ class _Static:
 
     def views(self, n: int) -> _Views:
         sh = self.shapes
-        (layers, c, dm), (_, _, k) = sh["channel"], sh["time"]
+        (layers, c, width), (_, dm, k) = sh["channel"], sh["time"]
         return _Views(
             _front(self.mel, (n, *sh["mel"])), self.lengths[:n], self.start[:n], self.rows[:n],
-            EncoderCache(_front(self.channel_in, (layers, n, c, dm)), _front(self.time_in, (layers, n, dm, k)),
-                         self.len_in[:n]),
-            EncoderCache(_front(self.channel_out, (layers, n, c, dm)), _front(self.time_out, (layers, n, dm, k)),
-                         self.len_out[:n]),
+            EncoderCache(_front(self.channel_in, (layers, n, c, width)), _front(self.time_in, (layers, n, dm, k)),
+                         self.len_in[:n], self.kv),
+            EncoderCache(_front(self.channel_out, (layers, n, c, width)), _front(self.time_out, (layers, n, dm, k)),
+                         self.len_out[:n], self.kv),
             _front(self.enc, (n, *sh["enc"])), self.enc_len[:n])
 
 
@@ -248,25 +252,26 @@ class EncoderStep:
         """Rows the static buffers hold (0: none allocated)."""
         return self._static.capacity if self._static is not None else 0
 
-    def current_key(self, mel: Tensor, att_context: tuple[int, int]) -> EncoderGraphKey:
-        """The key for the encoder as it is now, a mel input (b, n_mels, W) and an attention context."""
-        return self._key_for((int(mel.shape[1]), int(mel.shape[2])), att_context)
+    def current_key(self, mel: Tensor, att_context: tuple[int, int], kv: bool = True) -> EncoderGraphKey:
+        """The key for the encoder as it is now, a mel input (b, n_mels, W), an attention context
+        and a slot cache layout (`EncoderCache.kv`)."""
+        return self._key_for((int(mel.shape[1]), int(mel.shape[2])), att_context, kv)
 
-    def _key_for(self, window: tuple[int, int], att_context: tuple[int, int]) -> EncoderGraphKey:
+    def _key_for(self, window: tuple[int, int], att_context: tuple[int, int], kv: bool) -> EncoderGraphKey:
         w = self.encoder.pre_encode.out.weight
-        return EncoderGraphKey(w.device, w.dtype, self._storages.pointers(), att_context, window)
+        return EncoderGraphKey(w.device, w.dtype, self._storages.pointers(), att_context, window, kv)
 
     def prepare(self, sizes: list[int], window: tuple[int, int], att_context: tuple[int, int],
-                room: Callable[[], bool] | None = None) -> list[int]:
+                room: Callable[[], bool] | None = None, kv: bool = True) -> list[int]:
         """Capture now, largest first, the graphs that calls of `sizes` rows with (n_mels, W)
-        windows would capture, while `room()` (if given) allows (a migration captures its
-        target's this way, off the engine thread, before the cut-over). A size that failed is
-        tried again on its first call (it failed beside the source's memory). Returns the bucket
-        sizes with a graph."""
+        windows and slot caches of layout `kv` would capture, while `room()` (if given) allows (a
+        migration captures its target's this way, off the engine thread, before the cut-over). A
+        size that failed is tried again on its first call (it failed beside the source's memory).
+        Returns the bucket sizes with a graph."""
         device = self.encoder.pre_encode.out.weight.device
         if self.requested == EAGER or self.encoder.training or not self.backend.supports(device):
             return []
-        key = self._key_for(window, att_context)
+        key = self._key_for(window, att_context, kv)
         for size in sorted({bucket_size(b, self.per_octave) for b in sizes if b > 0}, reverse=True):
             if room is not None and not room():
                 break
@@ -288,7 +293,8 @@ class EncoderStep:
         """Encode one chunk of b streams and update their caches in place.
 
         Args:
-            cache: the slot state on the model's device and dtype, (L, S, C, d), (L, S, d, K-1), (S,).
+            cache: the slot state on the model's device and dtype, (L, S, C, d or 2d), (L, S, d, K-1),
+                (S,), in either layout (part of the graph key).
             rows: (b,) int64 slot of each stream, on the model's device.
             mel: (b, n_mels, W) fp32 windows, on any device; lengths, start: (b,) int64 on the
                 model's device (as for `ConformerEncoder.streaming_forward`).
@@ -307,7 +313,7 @@ class EncoderStep:
             self._why_eager = f"no CUDA graphs on {device.type}"
         elif b > 0:
             self.used_at[bucket_size(b, self.per_octave)] = time.monotonic()
-            bucket = self._bucket(self.current_key(mel, att_context), b)
+            bucket = self._bucket(self.current_key(mel, att_context, cache.kv), b)
             if bucket is None:
                 self._why_eager = self._failed.get(bucket_size(b, self.per_octave), "")
         if bucket is None:
@@ -320,7 +326,7 @@ class EncoderStep:
     def _eager(self, cache: EncoderCache, rows: Tensor, mel: Tensor, lengths: Tensor, start: Tensor,
                full: bool, att_context: tuple[int, int]) -> tuple[Tensor, Tensor]:
         sub = EncoderCache(cache.channel.index_select(1, rows), cache.time.index_select(1, rows),
-                           cache.channel_len.index_select(0, rows))
+                           cache.channel_len.index_select(0, rows), cache.kv)
         enc, enc_len, nxt = self.encoder.streaming_forward(mel.to(cache.channel.device), lengths, sub, att_context,
                                                            start=start, full=full)
         _scatter(cache, rows, nxt)
@@ -340,7 +346,7 @@ class EncoderStep:
         torch.index_select(cache.time, 1, v.rows, out=v.cache.time)
         torch.index_select(cache.channel_len, 0, v.rows, out=v.cache.channel_len)
         bucket.graph.replay()
-        _scatter(cache, rows, EncoderCache(v.out.channel[:, :b], v.out.time[:, :b], v.out.channel_len[:b]))
+        _scatter(cache, rows, EncoderCache(v.out.channel[:, :b], v.out.time[:, :b], v.out.channel_len[:b], v.out.kv))
         return v.enc[:b].clone(), v.enc_len[:b].clone()
 
     # -- graphs ------------------------------------------------------------------------------

@@ -186,7 +186,7 @@ def prepare_steps(rec: Recognizer, target: Transducer, sizes: tuple[list[int], l
 
     encoder_step, search = rec.encoder_factory(target), rec.search_factory(target)
     enc_sizes, dec_sizes = sizes
-    enc = encoder_step.prepare(enc_sizes, rec.mel_window, rec.att_context, allowed)
+    enc = encoder_step.prepare(enc_sizes, rec.mel_window, rec.att_context, allowed, rec.kv_cache)
     prepare = getattr(search, "prepare", None)
     dec = prepare(dec_sizes, allowed) if prepare is not None and dec_sizes else []
     graphs = f"encoder {len(enc)}, decoder {len(dec)}" if enc or dec else ""

@@ -21,7 +21,10 @@ DROP_EXTRA_PRE_ENCODED = 2
 class EncoderCache:
     """Per-stream encoder state, batch on dim 1 (dim 0 for `channel_len`).
 
-    channel: (L, B, C, d) normalised attention inputs of the last C frames, right-aligned.
+    channel: what the attention keeps of the last C frames, right-aligned, in one of two layouts:
+        (L, B, C, d) their normalised attention inputs (NeMo's `cache_last_channel`; `kv` False),
+        or (L, B, C, 2d) their projected keys then values (`kv` True): a step then projects only
+        its new frames (the serving layout).
     time: (L, B, d, K-1) depthwise-conv inputs of the last K-1 frames.
     channel_len: (B,) int64 valid frames in `channel` (saturates at C).
     """
@@ -29,13 +32,16 @@ class EncoderCache:
     channel: Tensor
     time: Tensor
     channel_len: Tensor
+    kv: bool = False
 
     def to(self, device: torch.device, dtype: torch.dtype) -> EncoderCache:
         return EncoderCache(self.channel.to(device, dtype), self.time.to(device, dtype),
-                            self.channel_len.to(device))
+                            self.channel_len.to(device), self.kv)
 
     def copy_(self, src: EncoderCache) -> None:
-        """Copy `src` (same shapes, any device and dtype) into these buffers."""
+        """Copy `src` (same layout and shapes, any device and dtype) into these buffers."""
+        if src.kv != self.kv:
+            raise ValueError("cannot copy between the key/value and the input cache layouts")
         self.channel.copy_(src.channel)
         self.time.copy_(src.time)
         self.channel_len.copy_(src.channel_len)
@@ -56,13 +62,15 @@ class ConformerEncoder(nn.Module):
         self.layers = nn.ModuleList(ConformerLayer(dims) for _ in range(dims.n_layers))
 
     def init_cache(self, batch: int, att_context: tuple[int, int], device: torch.device | str,
-                   dtype: torch.dtype) -> EncoderCache:
-        """Empty state for `batch` streams: C = the left context (att_context[0]) cached frames."""
+                   dtype: torch.dtype, kv: bool = True) -> EncoderCache:
+        """Empty state for `batch` streams: C = the left context (att_context[0]) cached frames,
+        as keys and values (`kv`, the default) or as NeMo's normalised inputs (see `EncoderCache`)."""
         d = self.dims
         return EncoderCache(
-            torch.zeros(d.n_layers, batch, att_context[0], d.d_model, device=device, dtype=dtype),
+            torch.zeros(d.n_layers, batch, att_context[0], d.d_model * (2 if kv else 1), device=device, dtype=dtype),
             torch.zeros(d.n_layers, batch, d.d_model, d.conv_kernel - 1, device=device, dtype=dtype),
             torch.zeros(batch, dtype=torch.long, device=device),
+            kv,
         )
 
     def forward(self, mel: Tensor, lengths: Tensor, att_context: tuple[int, int]) -> tuple[Tensor, Tensor]:
@@ -93,8 +101,8 @@ class ConformerEncoder(nn.Module):
                 padding of the offline pass. None = all exist.
             full: the caller knows that every row is complete (start all 0, lengths all T_in),
                 which spares the subsampling's masking.
-            out: buffers (same shapes as `cache`, not overlapping it) to write the next cache
-                into; returned as the next cache. None = fresh tensors.
+            out: buffers (same layout and shapes as `cache`, not overlapping it) to write the
+                next cache into; returned as the next cache. None = fresh tensors.
         Returns: (B, T_out, d), (B,) valid output frames, the next cache.
         """
         x, lengths = self.pre_encode(mel.to(self._dtype), lengths, start, full)
@@ -107,12 +115,14 @@ class ConformerEncoder(nn.Module):
         pad_mask, att_mask = pad_mask[:, c:], att_mask[:, c:]
         channels, times = [], []
         for i, layer in enumerate(self.layers):
-            x, ch, tm = layer(x, pos, att_mask, pad_mask, cache.channel[i], cache.time[i])
+            x, ch, tm = layer(x, pos, att_mask, pad_mask, cache.channel[i], cache.time[i], cache.kv)
             channels.append(ch)
             times.append(tm)
         if out is None:
-            nxt = EncoderCache(torch.stack(channels), torch.stack(times), (cache.channel_len + t).clamp(max=c))
+            nxt = EncoderCache(torch.stack(channels), torch.stack(times), (cache.channel_len + t).clamp(max=c), cache.kv)
             return x, lengths, nxt
+        if out.kv != cache.kv:
+            raise ValueError("the out buffers' cache layout differs from the cache's")
         torch.stack(channels, out=out.channel)
         torch.stack(times, out=out.time)
         torch.clamp(cache.channel_len + t, max=c, out=out.channel_len)
