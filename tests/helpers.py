@@ -91,7 +91,8 @@ def run_streams(m: Transducer, decoder: Any, audios: list[np.ndarray], starts: l
     the decoder modes seen. `part_rows`: the Recognizer's steps' part size (None: whole).
     `recognizer`: one made by the caller (the other settings are then its own)."""
     rng = np.random.default_rng(seed)
-    rec = recognizer if recognizer is not None else (Recognizer(m, capacity=len(audios), search_factory=lambda _: decoder, features=features,
+    rec = (recognizer if recognizer is not None else
+           Recognizer(m, capacity=len(audios), search_factory=lambda _: decoder, features=features,
                       part_rows=part_rows)
            if encoder is None else
            Recognizer(m, capacity=len(audios), search_factory=lambda _: decoder, encoder_factory=lambda _: encoder,
