@@ -50,7 +50,7 @@ from torch import Tensor
 from streamd import cuda_capture
 from streamd.buckets import DEFAULT_PER_OCTAVE, bucket_size, check_per_octave
 from streamd.graph_keys import Storages, placement_changes
-from streamd.model.encoder import DROP_EXTRA_PRE_ENCODED, ConformerEncoder, EncoderCache
+from streamd.model.encoder import DROP_EXTRA_PRE_ENCODED, ConformerEncoder, EncoderCache, Workspace
 
 log = logging.getLogger("streamd.engine")
 
@@ -215,6 +215,7 @@ class EncoderStep:
         self._static: _Static | None = None
         self._pool: Any = None
         self._buckets: dict[int, _Bucket] = {}
+        self._work = Workspace()  # the eager path's windows on a CPU
         self.used_at: dict[int, float] = {}  # bucket size -> time.monotonic() of its last call
         self._failed: dict[int, str] = {}  # bucket size -> why its capture failed under `_key`
         self._mode = EAGER
@@ -325,11 +326,13 @@ class EncoderStep:
     # -- the two paths -----------------------------------------------------------------------
     def _eager(self, cache: EncoderCache, rows: Tensor, mel: Tensor, lengths: Tensor, start: Tensor,
                full: bool, att_context: tuple[int, int]) -> tuple[Tensor, Tensor]:
-        sub = EncoderCache(cache.channel.index_select(1, rows), cache.time.index_select(1, rows),
-                           cache.channel_len.index_select(0, rows), cache.kv)
-        enc, enc_len, nxt = self.encoder.streaming_forward(mel.to(cache.channel.device), lengths, sub, att_context,
-                                                           start=start, full=full)
-        _scatter(cache, rows, nxt)
+        # The slots are read into the attention windows and written back in place. On a CPU the
+        # windows stay allocated between steps (its allocator maps big blocks afresh each time);
+        # CUDA's caching allocator keeps its blocks anyway.
+        if cache.channel.device.type != "cpu":
+            self._work = Workspace()
+        enc, enc_len, _ = self.encoder.streaming_forward(mel.to(cache.channel.device), lengths, cache, att_context,
+                                                         start=start, full=full, rows=rows, work=self._work)
         return enc, enc_len
 
     def _replay(self, bucket: _Bucket, cache: EncoderCache, rows: Tensor, mel: Tensor, lengths: Tensor,

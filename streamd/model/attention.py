@@ -73,17 +73,20 @@ class RelPositionMultiHeadAttention(nn.Module):
         Returns: (B, T, d)."""
         return self._attend(query, self.linear_k(keys), self.linear_v(keys), pos_emb, mask)
 
-    def forward_cached(self, query: Tensor, cache: Tensor, pos_emb: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    def forward_cached(self, query: Tensor, window: Tensor, pos_emb: Tensor, mask: Tensor) -> Tensor:
         """The same attention with the cached frames already projected: only the query frames go
         through `linear_k` and `linear_v`. Relative positions enter through `linear_pos` and the
         u/v biases, never through the keys, so a frame's key and value do not change as it ages.
 
-        Args: cache: (B, C, 2d) keys then values of the C cached frames; the rest as `forward`
-        (n = C + T). Returns: (B, T, d) and (B, n, 2d) keys then values of cached and query
-        frames (the next cache is its last C frames)."""
-        kv = torch.cat([cache, torch.cat([self.linear_k(query), self.linear_v(query)], dim=-1)], dim=1)
-        d = kv.shape[-1] // 2
-        return self._attend(query, kv[..., :d], kv[..., d:], pos_emb, mask), kv
+        Args: window: (B, n, 2d) whose first C = n - T frames hold the cached frames' keys then
+        values; the query's keys and values are written into its last T frames (in place, so the
+        next cache is its last C frames and nothing is concatenated). The rest as `forward`.
+        Returns: (B, T, d)."""
+        t, d = query.shape[1], window.shape[-1] // 2
+        new = window[:, window.shape[1] - t:]
+        new[..., :d] = self.linear_k(query)
+        new[..., d:] = self.linear_v(query)
+        return self._attend(query, window[..., :d], window[..., d:], pos_emb, mask)
 
     def _attend(self, query: Tensor, keys: Tensor, values: Tensor, pos_emb: Tensor, mask: Tensor) -> Tensor:
         """Scores and outputs from the query's input and the projected (B, n, d) keys and values."""

@@ -52,7 +52,7 @@ def test_fused_attention_equals_explicit_on_cuda(cache: int, t: int) -> None:
 def test_cached_keys_and_values_equal_projecting_cached_inputs(cache: int, t: int, fused: bool,
                                                               device: str = "cpu") -> None:
     """`forward_cached` over the projections of cached inputs gives `forward`'s output over the
-    inputs, and returns the cached keys and values unchanged, then the query's."""
+    inputs, leaves the window's cached keys and values unchanged and writes the query's after them."""
     torch.manual_seed(1)
     att = RelPositionMultiHeadAttention(64, 4, bias=True).to(device)
     with torch.no_grad():
@@ -67,11 +67,12 @@ def test_cached_keys_and_values_equal_projecting_cached_inputs(cache: int, t: in
     with torch.no_grad():
         want = att(query, torch.cat([cached, query], dim=1), pos, mask)
         kv_cache = torch.cat([att.linear_k(cached), att.linear_v(cached)], dim=-1)
-        got, kv = att.forward_cached(query, kv_cache, pos, mask)
+        window = torch.cat([kv_cache, torch.full((b, t, 128), float("nan"), device=device)], dim=1)
+        got = att.forward_cached(query, window, pos, mask)
         kv_query = torch.cat([att.linear_k(query), att.linear_v(query)], dim=-1)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    assert kv.shape == (b, n, 128) and torch.equal(kv[:, :cache], kv_cache)
-    torch.testing.assert_close(kv[:, cache:], kv_query)
+    assert torch.equal(window[:, :cache], kv_cache)
+    torch.testing.assert_close(window[:, cache:], kv_query)
 
 
 @pytest.mark.cuda
