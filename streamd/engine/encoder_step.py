@@ -3,8 +3,9 @@
 `EncoderStep` runs one cache-aware encoder step for the streams whose slots are `rows`: it
 gathers their cache rows, encodes, and writes their next caches back in place.
 
-- eager: index_select, `ConformerEncoder.streaming_forward`, index_copy_ (on the CPU, when graphs
-  are off, while the model is training, or for a bucket whose capture failed);
+- eager: `ConformerEncoder.streaming_forward` with `rows`, which reads the slots straight into
+  its attention windows and writes them back (on the CPU, when graphs are off, while the model
+  is training, or for a bucket whose capture failed);
 - graphs: a step of b streams replays the graph captured for its bucket, the smallest bucket
   size >= b (`streamd.buckets.bucket_size`: 1, 2, 4, 8, then `per_octave` sizes per octave, so
   padding stays under 1/per_octave). A replay launches the whole encoder at once: at small and mid batches the
@@ -23,8 +24,7 @@ padded rows never reach real ones, and only real rows are copied back.
 Validity, as for the decoder (`streamd.decoding.graphs`): graphs are bound to memory addresses.
 Before every call the step compares an `EncoderGraphKey` (device, parameter dtype, data_ptr of
 every encoder parameter and buffer, the call's attention context, mel window shape, the slot
-cache's layout) with the one
-the graphs were captured for; on any difference it drops every graph, the static buffers and the pool,
+cache's layout) with the one the graphs were captured for; on any difference it drops every graph, the static buffers and the pool,
 and captures again lazily, bucket by bucket, as buckets are used. Nothing device-specific
 exists before the first call, so a plain `model.to(...)` (another GPU, bf16, the CPU and back)
 needs no notification. An in-place weight update keeps the storage, and the graphs read the new
