@@ -24,10 +24,10 @@ padded rows never reach real ones, and only real rows are copied back.
 Validity, as for the decoder (`streamd.decoding.graphs`): graphs are bound to memory addresses.
 Before every call the step compares an `EncoderGraphKey` (device, parameter dtype, data_ptr of
 every encoder parameter and buffer, the call's attention context, mel window shape, the slot
-cache's layout) with the one the graphs were captured for; on any difference it drops every graph, the static buffers and the pool,
-and captures again lazily, bucket by bucket, as buckets are used. Nothing device-specific
-exists before the first call, so a plain `model.to(...)` (another GPU, bf16, the CPU and back)
-needs no notification. An in-place weight update keeps the storage, and the graphs read the new
+cache's layout) with the one the graphs were captured for; on any difference it drops every
+graph, the static buffers and the pool, and captures again lazily, bucket by bucket, as
+buckets are used. Nothing device-specific exists before the first call, so a plain
+`model.to(...)` (another GPU, bf16, the CPU and back) needs no notification. An in-place weight update keeps the storage, and the graphs read the new
 values. A capture that fails (out of memory, a kernel that cannot be captured) logs a warning
 and calls `on_fallback`; that bucket then runs eagerly until the key changes (`eager_reason`
 says why), and the failure leaves no capture state behind, so later captures succeed
@@ -305,6 +305,8 @@ class EncoderStep:
         """
         b = int(rows.shape[0])
         device = cache.channel.device
+        if device.type != "cpu":
+            self._work.release()  # a model moved off the CPU keeps no windows there
         bucket = None
         if self.requested == EAGER:
             self._why_eager = "CUDA graphs are off"
@@ -329,10 +331,10 @@ class EncoderStep:
         # The slots are read into the attention windows and written back in place. On a CPU the
         # windows stay allocated between steps (its allocator maps big blocks afresh each time);
         # CUDA's caching allocator keeps its blocks anyway.
-        if cache.channel.device.type != "cpu":
-            self._work = Workspace()
+        on_cpu = cache.channel.device.type == "cpu"
         enc, enc_len, _ = self.encoder.streaming_forward(mel.to(cache.channel.device), lengths, cache, att_context,
-                                                         start=start, full=full, rows=rows, work=self._work)
+                                                         start=start, full=full, rows=rows,
+                                                         work=self._work if on_cpu else None)
         return enc, enc_len
 
     def _replay(self, bucket: _Bucket, cache: EncoderCache, rows: Tensor, mel: Tensor, lengths: Tensor,

@@ -64,6 +64,10 @@ class Workspace:
             buf = self._buf = like.new_empty(n)
         return buf[:n].view(shape)
 
+    def release(self) -> None:
+        """Let the buffer go (it comes back at the next `take`)."""
+        self._buf = None
+
 
 class ConformerEncoder(nn.Module):
     """(B, n_mels, T) log-mel -> (B, T', d_model), one frame per 8 mel frames (80 ms at 16 kHz).

@@ -179,6 +179,20 @@ def test_cpu_cuda_cpu() -> None:
     assert got == want and step.rebuilds == 1 and step.mode == EAGER and step.captures > 0
 
 
+def test_the_eager_step_keeps_its_windows_only_on_a_cpu() -> None:
+    """The eager step's attention windows stay allocated between steps on a CPU; a model moved
+    to the GPU lets them go (CUDA's caching allocator keeps its own blocks)."""
+    m = random_model(3, att_context_sizes=CONTEXT)
+    step, rng, held = EncoderStep(m.encoder, EAGER), np.random.default_rng(5), []
+    for device in ("cpu", "cuda", "cpu"):
+        m.to(device)
+        cache = m.encoder.init_cache(4, CONTEXT[0], m.device, m.dtype)
+        mel, lengths, start, full = inputs(m, 4, rng)
+        step(cache, torch.arange(4, device=m.device), mel, lengths, start, full, att_context=CONTEXT[0])
+        held.append(step._work._buf is not None)
+    assert held == [True, False, True]
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_cuda0_cuda1_cuda0() -> None:
     def moves(m: Transducer) -> dict[int, Callable[[], Any]]:
