@@ -10,6 +10,7 @@ for it (`Launched.collect`), so the report also times the same steps without the
     python scripts/profile_engine_step.py --device cuda --dtype bf16 --chunk-ms 160 --streams 1792
     python scripts/profile_engine_step.py --model M.pt --device cpu --dtype fp32 --streams 160 --graphs off
     python scripts/profile_engine_step.py --graphs off --kernels 30   # + the GPU kernels that take the time
+    python scripts/profile_engine_step.py --cache input   # NeMo's input cache instead of keys and values
 """
 from __future__ import annotations
 
@@ -127,6 +128,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--features", default="model", choices=("model", "cpu"),
                     help="where a step's log-mel frames are computed (default: the model's device)")
+    ap.add_argument("--cache", default="kv", choices=("kv", "input"),
+                    help="the slot caches' layout: each layer's keys and values (default) or NeMo's "
+                         "normalised attention inputs (each step projects every cached frame again)")
     ap.add_argument("--kernels", type=int, default=0, metavar="N",
                     help="also print the N operators and kernels with the most GPU time (torch.profiler)")
     ap.add_argument("--json", type=Path)
@@ -144,7 +148,8 @@ def main() -> None:
     mode = "auto" if args.graphs == "on" else EAGER
     rec = Recognizer(model, capacity=n, att_context=att_context,
                      search_factory=lambda m: make_decoder(m, mode, per_octave=4),
-                     encoder_factory=lambda m: make_encoder_step(m, mode, n), features=args.features)
+                     encoder_factory=lambda m: make_encoder_step(m, mode, n), features=args.features,
+                     kv_cache=args.cache == "kv")
     tone = np.frombuffer(load.tone_bursts(seconds=20.0).pcm, dtype="<i2").astype(np.float32) / 32768
     streams = [rec.open() for _ in range(n)]
     chunk = 160 * 8 * (rec.geometry.right + 1)
@@ -181,7 +186,7 @@ def main() -> None:
     rows = {name: cum(pats) / args.steps for name, pats in PHASES.items()}
     step_ms = 1000 * float(np.median(plain))
     print(f"{n} streams, {args.chunk_ms} ms chunks, {args.device} {args.dtype}, graphs {args.graphs}, "
-          f"features on {args.features}: "
+          f"features on {args.features}, {args.cache} cache: "
           f"step {step_ms:.1f} ms median without the profiler ({1000 * total / args.steps:.1f} ms with it; "
           f"chunk {args.chunk_ms} ms)")
     for name, sec in rows.items():
@@ -202,6 +207,7 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps({"streams": n, "chunk_ms": args.chunk_ms, "device": args.device,
                                          "dtype": args.dtype, "graphs": args.graphs, "features": args.features,
+                                         "cache": args.cache,
                                          "step_ms": step_ms,
                                          "profiled_step_ms": 1000 * total / args.steps,
                                          "phases_ms": {k: 1000 * v for k, v in rows.items()},

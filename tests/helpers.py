@@ -83,13 +83,16 @@ def synthetic_audio(seconds: float, seed: int) -> np.ndarray:
 
 def run_streams(m: Transducer, decoder: Any, audios: list[np.ndarray], starts: list[int], seed: int = 0,
                 events: dict[int, Any] | None = None, encoder: Any = None, features: str = "model",
-                part_rows: int | None = None) -> tuple[list[tuple[list[int], list[int]]], list[str]]:
+                part_rows: int | None = None, recognizer: Recognizer | None = None
+                ) -> tuple[list[tuple[list[int], list[int]]], list[str]]:
     """Streams join at `starts` ticks, push random-size pieces and leave when done; `events[tick]()`
     runs before that tick's step. `encoder`: the EncoderStep to use (default: eager); `features`:
     where frames are computed (the Recognizer's option). Returns each stream's (tokens, times) and
-    the decoder modes seen. `part_rows`: the Recognizer's steps' part size (None: whole)."""
+    the decoder modes seen. `part_rows`: the Recognizer's steps' part size (None: whole).
+    `recognizer`: one made by the caller (the other settings are then its own)."""
     rng = np.random.default_rng(seed)
-    rec = (Recognizer(m, capacity=len(audios), search_factory=lambda _: decoder, features=features,
+    rec = (recognizer if recognizer is not None else
+           Recognizer(m, capacity=len(audios), search_factory=lambda _: decoder, features=features,
                       part_rows=part_rows)
            if encoder is None else
            Recognizer(m, capacity=len(audios), search_factory=lambda _: decoder, encoder_factory=lambda _: encoder,

@@ -3,8 +3,9 @@
 `EncoderStep` runs one cache-aware encoder step for the streams whose slots are `rows`: it
 gathers their cache rows, encodes, and writes their next caches back in place.
 
-- eager: index_select, `ConformerEncoder.streaming_forward`, index_copy_ (on the CPU, when graphs
-  are off, while the model is training, or for a bucket whose capture failed);
+- eager: `ConformerEncoder.streaming_forward` with `rows`, which reads the slots straight into
+  its attention windows and writes them back (on the CPU, when graphs are off, while the model
+  is training, or for a bucket whose capture failed);
 - graphs: a step of b streams replays the graph captured for its bucket, the smallest bucket
   size >= b (`streamd.buckets.bucket_size`: 1, 2, 4, 8, then `per_octave` sizes per octave, so
   padding stays under 1/per_octave). A replay launches the whole encoder at once: at small and mid batches the
@@ -22,11 +23,11 @@ padded rows never reach real ones, and only real rows are copied back.
 
 Validity, as for the decoder (`streamd.decoding.graphs`): graphs are bound to memory addresses.
 Before every call the step compares an `EncoderGraphKey` (device, parameter dtype, data_ptr of
-every encoder parameter and buffer, the call's attention context, mel window shape) with the one
-the graphs were captured for; on any difference it drops every graph, the static buffers and the pool,
-and captures again lazily, bucket by bucket, as buckets are used. Nothing device-specific
-exists before the first call, so a plain `model.to(...)` (another GPU, bf16, the CPU and back)
-needs no notification. An in-place weight update keeps the storage, and the graphs read the new
+every encoder parameter and buffer, the call's attention context, mel window shape, the slot
+cache's layout) with the one the graphs were captured for; on any difference it drops every
+graph, the static buffers and the pool, and captures again lazily, bucket by bucket, as
+buckets are used. Nothing device-specific exists before the first call, so a plain
+`model.to(...)` (another GPU, bf16, the CPU and back) needs no notification. An in-place weight update keeps the storage, and the graphs read the new
 values. A capture that fails (out of memory, a kernel that cannot be captured) logs a warning
 and calls `on_fallback`; that bucket then runs eagerly until the key changes (`eager_reason`
 says why), and the failure leaves no capture state behind, so later captures succeed
@@ -49,7 +50,7 @@ from torch import Tensor
 from streamd import cuda_capture
 from streamd.buckets import DEFAULT_PER_OCTAVE, bucket_size, check_per_octave
 from streamd.graph_keys import Storages, placement_changes
-from streamd.model.encoder import DROP_EXTRA_PRE_ENCODED, ConformerEncoder, EncoderCache
+from streamd.model.encoder import DROP_EXTRA_PRE_ENCODED, ConformerEncoder, EncoderCache, Workspace
 
 log = logging.getLogger("streamd.engine")
 
@@ -68,6 +69,7 @@ class EncoderGraphKey:
     weights: tuple[int, ...]  # data_ptr() of every encoder parameter and buffer
     att_context: tuple[int, int]  # the calls' argument, baked into the captured masks and cache shape
     window: tuple[int, int]  # (n_mels, W) of the mel input
+    kv: bool = True  # the slot cache's layout (`EncoderCache.kv`): keys and values, or NeMo's inputs
 
     def changes_from(self, old: EncoderGraphKey | None) -> str:
         """Why graphs captured for `old` cannot serve `self` ('' when they can)."""
@@ -78,6 +80,8 @@ class EncoderGraphKey:
             why.append(f"attention context {list(old.att_context)} -> {list(self.att_context)}")
         if old.window != self.window:
             why.append(f"mel window {old.window} -> {self.window}")
+        if old.kv != self.kv:
+            why.append("cache layout " + " -> ".join("keys/values" if kv else "inputs" for kv in (old.kv, self.kv)))
         return ", ".join(why)
 
 
@@ -125,7 +129,7 @@ class _Views:
     lengths: Tensor  # (n,) int64
     start: Tensor  # (n,) int64
     rows: Tensor  # (n,) int64: the gather index (slot of each row)
-    cache: EncoderCache  # the gathered input cache: (L, n, C, d), (L, n, d, K-1), (n,)
+    cache: EncoderCache  # the gathered input cache: (L, n, C, d or 2d), (L, n, d, K-1), (n,)
     out: EncoderCache  # the next cache, same shapes
     enc: Tensor  # (n, T_out, d)
     enc_len: Tensor  # (n,) int64
@@ -141,9 +145,9 @@ class _Static:
         for _ in range(3):  # the subsampling's three causal stride-2 stages
             t_out = t_out // 2 + 1
         t_out -= DROP_EXTRA_PRE_ENCODED
-        self.capacity = capacity
+        self.capacity, self.kv = capacity, key.kv
         self.shapes: dict[str, tuple[int, ...]] = {  # per row
-            "mel": (n_mels, w), "channel": (d.n_layers, key.att_context[0], d.d_model),
+            "mel": (n_mels, w), "channel": (d.n_layers, key.att_context[0], d.d_model * (2 if key.kv else 1)),
             "time": (d.n_layers, d.d_model, d.conv_kernel - 1), "enc": (t_out, d.d_model), "row": ()}
 
         def flat(what: str, dtype: torch.dtype) -> Tensor:
@@ -161,13 +165,13 @@ class _Static:
 
     def views(self, n: int) -> _Views:
         sh = self.shapes
-        (layers, c, dm), (_, _, k) = sh["channel"], sh["time"]
+        (layers, c, width), (_, dm, k) = sh["channel"], sh["time"]
         return _Views(
             _front(self.mel, (n, *sh["mel"])), self.lengths[:n], self.start[:n], self.rows[:n],
-            EncoderCache(_front(self.channel_in, (layers, n, c, dm)), _front(self.time_in, (layers, n, dm, k)),
-                         self.len_in[:n]),
-            EncoderCache(_front(self.channel_out, (layers, n, c, dm)), _front(self.time_out, (layers, n, dm, k)),
-                         self.len_out[:n]),
+            EncoderCache(_front(self.channel_in, (layers, n, c, width)), _front(self.time_in, (layers, n, dm, k)),
+                         self.len_in[:n], self.kv),
+            EncoderCache(_front(self.channel_out, (layers, n, c, width)), _front(self.time_out, (layers, n, dm, k)),
+                         self.len_out[:n], self.kv),
             _front(self.enc, (n, *sh["enc"])), self.enc_len[:n])
 
 
@@ -211,6 +215,7 @@ class EncoderStep:
         self._static: _Static | None = None
         self._pool: Any = None
         self._buckets: dict[int, _Bucket] = {}
+        self._work = Workspace()  # the eager path's windows on a CPU
         self.used_at: dict[int, float] = {}  # bucket size -> time.monotonic() of its last call
         self._failed: dict[int, str] = {}  # bucket size -> why its capture failed under `_key`
         self._mode = EAGER
@@ -248,25 +253,26 @@ class EncoderStep:
         """Rows the static buffers hold (0: none allocated)."""
         return self._static.capacity if self._static is not None else 0
 
-    def current_key(self, mel: Tensor, att_context: tuple[int, int]) -> EncoderGraphKey:
-        """The key for the encoder as it is now, a mel input (b, n_mels, W) and an attention context."""
-        return self._key_for((int(mel.shape[1]), int(mel.shape[2])), att_context)
+    def current_key(self, mel: Tensor, att_context: tuple[int, int], kv: bool = True) -> EncoderGraphKey:
+        """The key for the encoder as it is now, a mel input (b, n_mels, W), an attention context
+        and a slot cache layout (`EncoderCache.kv`)."""
+        return self._key_for((int(mel.shape[1]), int(mel.shape[2])), att_context, kv)
 
-    def _key_for(self, window: tuple[int, int], att_context: tuple[int, int]) -> EncoderGraphKey:
+    def _key_for(self, window: tuple[int, int], att_context: tuple[int, int], kv: bool) -> EncoderGraphKey:
         w = self.encoder.pre_encode.out.weight
-        return EncoderGraphKey(w.device, w.dtype, self._storages.pointers(), att_context, window)
+        return EncoderGraphKey(w.device, w.dtype, self._storages.pointers(), att_context, window, kv)
 
     def prepare(self, sizes: list[int], window: tuple[int, int], att_context: tuple[int, int],
-                room: Callable[[], bool] | None = None) -> list[int]:
+                room: Callable[[], bool] | None = None, kv: bool = True) -> list[int]:
         """Capture now, largest first, the graphs that calls of `sizes` rows with (n_mels, W)
-        windows would capture, while `room()` (if given) allows (a migration captures its
-        target's this way, off the engine thread, before the cut-over). A size that failed is
-        tried again on its first call (it failed beside the source's memory). Returns the bucket
-        sizes with a graph."""
+        windows and slot caches of layout `kv` would capture, while `room()` (if given) allows (a
+        migration captures its target's this way, off the engine thread, before the cut-over). A
+        size that failed is tried again on its first call (it failed beside the source's memory).
+        Returns the bucket sizes with a graph."""
         device = self.encoder.pre_encode.out.weight.device
         if self.requested == EAGER or self.encoder.training or not self.backend.supports(device):
             return []
-        key = self._key_for(window, att_context)
+        key = self._key_for(window, att_context, kv)
         for size in sorted({bucket_size(b, self.per_octave) for b in sizes if b > 0}, reverse=True):
             if room is not None and not room():
                 break
@@ -288,7 +294,8 @@ class EncoderStep:
         """Encode one chunk of b streams and update their caches in place.
 
         Args:
-            cache: the slot state on the model's device and dtype, (L, S, C, d), (L, S, d, K-1), (S,).
+            cache: the slot state on the model's device and dtype, (L, S, C, d or 2d), (L, S, d, K-1),
+                (S,), in either layout (part of the graph key).
             rows: (b,) int64 slot of each stream, on the model's device.
             mel: (b, n_mels, W) fp32 windows, on any device; lengths, start: (b,) int64 on the
                 model's device (as for `ConformerEncoder.streaming_forward`).
@@ -298,6 +305,8 @@ class EncoderStep:
         """
         b = int(rows.shape[0])
         device = cache.channel.device
+        if device.type != "cpu":
+            self._work.release()  # a model moved off the CPU keeps no windows there
         bucket = None
         if self.requested == EAGER:
             self._why_eager = "CUDA graphs are off"
@@ -307,7 +316,7 @@ class EncoderStep:
             self._why_eager = f"no CUDA graphs on {device.type}"
         elif b > 0:
             self.used_at[bucket_size(b, self.per_octave)] = time.monotonic()
-            bucket = self._bucket(self.current_key(mel, att_context), b)
+            bucket = self._bucket(self.current_key(mel, att_context, cache.kv), b)
             if bucket is None:
                 self._why_eager = self._failed.get(bucket_size(b, self.per_octave), "")
         if bucket is None:
@@ -319,11 +328,13 @@ class EncoderStep:
     # -- the two paths -----------------------------------------------------------------------
     def _eager(self, cache: EncoderCache, rows: Tensor, mel: Tensor, lengths: Tensor, start: Tensor,
                full: bool, att_context: tuple[int, int]) -> tuple[Tensor, Tensor]:
-        sub = EncoderCache(cache.channel.index_select(1, rows), cache.time.index_select(1, rows),
-                           cache.channel_len.index_select(0, rows))
-        enc, enc_len, nxt = self.encoder.streaming_forward(mel.to(cache.channel.device), lengths, sub, att_context,
-                                                           start=start, full=full)
-        _scatter(cache, rows, nxt)
+        # The slots are read into the attention windows and written back in place. On a CPU the
+        # windows stay allocated between steps (its allocator maps big blocks afresh each time);
+        # CUDA's caching allocator keeps its blocks anyway.
+        on_cpu = cache.channel.device.type == "cpu"
+        enc, enc_len, _ = self.encoder.streaming_forward(mel.to(cache.channel.device), lengths, cache, att_context,
+                                                         start=start, full=full, rows=rows,
+                                                         work=self._work if on_cpu else None)
         return enc, enc_len
 
     def _replay(self, bucket: _Bucket, cache: EncoderCache, rows: Tensor, mel: Tensor, lengths: Tensor,
@@ -340,7 +351,7 @@ class EncoderStep:
         torch.index_select(cache.time, 1, v.rows, out=v.cache.time)
         torch.index_select(cache.channel_len, 0, v.rows, out=v.cache.channel_len)
         bucket.graph.replay()
-        _scatter(cache, rows, EncoderCache(v.out.channel[:, :b], v.out.time[:, :b], v.out.channel_len[:b]))
+        _scatter(cache, rows, EncoderCache(v.out.channel[:, :b], v.out.time[:, :b], v.out.channel_len[:b], v.out.kv))
         return v.enc[:b].clone(), v.enc_len[:b].clone()
 
     # -- graphs ------------------------------------------------------------------------------

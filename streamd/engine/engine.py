@@ -299,10 +299,11 @@ class Engine:
                     return report
                 t0 = time.perf_counter()
                 guard = MemoryGuard(dev)
-                await asyncio.to_thread(guard.require, target_bytes(master, dt, rec.capacity, rec.att_context),
-                                        "the model and its stream state")
+                need = target_bytes(master, dt, rec.capacity, rec.att_context, rec.kv_cache)
+                await asyncio.to_thread(guard.require, need, "the model and its stream state")
                 target = await asyncio.to_thread(placed_copy, master, dev, dt, rec.att_context)
-                staged = await asyncio.to_thread(stage_cache, target, rec.capacity, rec.att_context)
+                staged = await asyncio.to_thread(stage_cache, target, rec.capacity, rec.att_context,
+                                                rec.kv_cache)
                 in_use = rec.graph_sizes(time.monotonic() - IN_USE_S)
                 steps = await asyncio.to_thread(prepare_steps, rec, target, in_use, guard.room)
                 report.prepare_ms = (time.perf_counter() - t0) * 1000

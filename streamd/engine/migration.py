@@ -88,12 +88,13 @@ def free_memory(device: torch.device) -> tuple[int, int] | None:
         return torch.cuda.mem_get_info(device)
 
 
-def target_bytes(master: Transducer, dtype: torch.dtype, capacity: int, att_context: tuple[int, int]) -> int:
-    """Bytes the target's weights and encoder slot state take at `dtype` (graphs come on top)."""
+def target_bytes(master: Transducer, dtype: torch.dtype, capacity: int, att_context: tuple[int, int],
+                 kv: bool = True) -> int:
+    """Bytes the target's weights and encoder slot state (layout `kv`) take at `dtype` (graphs come on top)."""
     size = torch.empty((), dtype=dtype).element_size()
     weights = sum(t.numel() * (size if t.is_floating_point() else t.element_size())
                   for t in (*master.parameters(), *master.buffers()))
-    cache = master.encoder.init_cache(capacity, att_context, torch.device("meta"), dtype)
+    cache = master.encoder.init_cache(capacity, att_context, torch.device("meta"), dtype, kv)
     state = sum(t.numel() * t.element_size() for t in (getattr(cache, f.name) for f in fields(cache))
                 if isinstance(t, torch.Tensor))
     return weights + state
@@ -147,12 +148,12 @@ def placed_copy(master: Transducer, device: torch.device, dtype: torch.dtype,
     return target
 
 
-def stage_cache(target: Transducer, capacity: int, att_context: tuple[int, int]) -> EncoderCache:
+def stage_cache(target: Transducer, capacity: int, att_context: tuple[int, int], kv: bool = True) -> EncoderCache:
     """Slot-state buffers at the target placement, allocated (pages touched) before the pause,
     so the cut-over only copies into them. For a FastConformer-L with 256 slots the encoder
     cache is about 0.7 GB in fp32: allocating it inside the pause dominated a move to the CPU."""
     with DEVICE_LOCK:
-        cache = target.encoder.init_cache(capacity, att_context, target.device, target.dtype)
+        cache = target.encoder.init_cache(capacity, att_context, target.device, target.dtype, kv)
         _synchronize(target.device)
     return cache
 
@@ -186,7 +187,7 @@ def prepare_steps(rec: Recognizer, target: Transducer, sizes: tuple[list[int], l
 
     encoder_step, search = rec.encoder_factory(target), rec.search_factory(target)
     enc_sizes, dec_sizes = sizes
-    enc = encoder_step.prepare(enc_sizes, rec.mel_window, rec.att_context, allowed)
+    enc = encoder_step.prepare(enc_sizes, rec.mel_window, rec.att_context, allowed, rec.kv_cache)
     prepare = getattr(search, "prepare", None)
     dec = prepare(dec_sizes, allowed) if prepare is not None and dec_sizes else []
     graphs = f"encoder {len(enc)}, decoder {len(dec)}" if enc or dec else ""

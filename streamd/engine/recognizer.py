@@ -76,17 +76,21 @@ class Recognizer:
 
     `keep_transcripts`: each `Stream` also accumulates its tokens and times (`tokens`, `times`:
     whole-file decoding, tests); a daemon, whose streams may run for days and get every step's
-    labels in its `ChunkResult`, turns it off."""
+    labels in its `ChunkResult`, turns it off.
+
+    `kv_cache`: the slot caches keep each layer's keys and values of the cached frames, so a step
+    projects only its new frames (the default); False keeps NeMo's normalised attention inputs
+    instead (the reference layout, same results; see `EncoderCache`)."""
 
     def __init__(self, model: Transducer, capacity: int, att_context: tuple[int, int] | None = None,
                  search_factory: SearchFactory = GreedyLabelLooping.for_model,
                  encoder_factory: EncoderFactory = eager_encoder, features: str = "model",
-                 part_rows: int | None = PART_ROWS, keep_transcripts: bool = True) -> None:
+                 part_rows: int | None = PART_ROWS, keep_transcripts: bool = True, kv_cache: bool = True) -> None:
         if features not in ("model", "cpu"):
             raise ValueError(f"features must be 'model' or 'cpu', not {features!r}")
         if part_rows is not None and part_rows < 1:
             raise ValueError(f"part_rows must be at least 1, not {part_rows}")
-        self.part_rows, self.keep_transcripts = part_rows, keep_transcripts
+        self.part_rows, self.keep_transcripts, self.kv_cache = part_rows, keep_transcripts, kv_cache
         self.capacity, self.search_factory, self.encoder_factory = capacity, search_factory, encoder_factory
         self.model, self.search, self.encoder_step = model, search_factory(model), encoder_factory(model)
         self.att_context = model.dims.att_context(att_context)
@@ -226,11 +230,12 @@ class Recognizer:
         device, dtype = self.model.device, self.model.dtype
         staged, self._staged = self._staged, None  # used now or never: it must not pin memory
         if staged is not None and (staged.channel.device != device or staged.channel.dtype != dtype
+                                   or staged.kv != self.kv_cache
                                    or staged.channel.shape[1:3] != (self.capacity, self.att_context[0])):
             staged = None
         if self._cache is None or self._dec is None:
-            self._cache = (staged if staged is not None
-                           else self.model.encoder.init_cache(self.capacity, self.att_context, device, dtype))
+            self._cache = (staged if staged is not None else self.model.encoder.init_cache(
+                self.capacity, self.att_context, device, dtype, self.kv_cache))
             self._dec = self.search.initial_state(self.capacity)
         elif self._cache.channel.device != device or self._cache.channel.dtype != dtype:
             if staged is not None:

@@ -41,7 +41,9 @@ class RelPositionalEncoding(nn.Module):
 
 
 class RelPositionMultiHeadAttention(nn.Module):
-    """Self-attention whose keys/values may be preceded by cached (already normalised) frames.
+    """Self-attention whose keys/values may be preceded by cached frames: given as their
+    normalised inputs (`forward`, NeMo's cache) or as their projected keys and values
+    (`forward_cached`, which projects only the new frames).
 
     Two paths compute the same scores: the explicit one (NeMo's matmuls and softmax; the CPU's and
     the reference) and a fused one (`scaled_dot_product_attention` with the positional term as an
@@ -69,11 +71,30 @@ class RelPositionMultiHeadAttention(nn.Module):
             keys: (B, n, d) = cat(cache, query) along time (n = cache + T).
             pos_emb: (1, 2n - 1, d); mask: (B, T, n) bool, True = masked.
         Returns: (B, T, d)."""
+        return self._attend(query, self.linear_k(keys), self.linear_v(keys), pos_emb, mask)
+
+    def forward_cached(self, query: Tensor, window: Tensor, pos_emb: Tensor, mask: Tensor) -> Tensor:
+        """The same attention with the cached frames already projected: only the query frames go
+        through `linear_k` and `linear_v`. Relative positions enter through `linear_pos` and the
+        u/v biases, never through the keys, so a frame's key and value do not change as it ages.
+
+        Args: window: (B, n, 2d) whose first C = n - T frames hold the cached frames' keys then
+        values; the query's keys and values are written into its last T frames (in place, so the
+        next cache is its last C frames and nothing is concatenated). The rest as `forward`.
+        Returns: (B, T, d)."""
+        t, d = query.shape[1], window.shape[-1] // 2
+        new = window[:, window.shape[1] - t:]
+        new[..., :d] = self.linear_k(query)
+        new[..., d:] = self.linear_v(query)
+        return self._attend(query, window[..., :d], window[..., d:], pos_emb, mask)
+
+    def _attend(self, query: Tensor, keys: Tensor, values: Tensor, pos_emb: Tensor, mask: Tensor) -> Tensor:
+        """Scores and outputs from the query's input and the projected (B, n, d) keys and values."""
         b, t, _ = query.shape
         n = keys.shape[1]
         q = self.linear_q(query).view(b, t, self.h, self.d_k)
-        k = self.linear_k(keys).view(b, n, self.h, self.d_k).transpose(1, 2)  # (B, H, n, dk)
-        v = self.linear_v(keys).view(b, n, self.h, self.d_k).transpose(1, 2)
+        k = keys.view(b, n, self.h, self.d_k).transpose(1, 2)  # (B, H, n, dk)
+        v = values.view(b, n, self.h, self.d_k).transpose(1, 2)
         p = self.linear_pos(pos_emb).view(-1, self.h, self.d_k)  # (2n-1, H, dk)
         scale = 1.0 / math.sqrt(self.d_k)
         fused = query.is_cuda if self.fused is None else self.fused

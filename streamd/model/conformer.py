@@ -79,19 +79,24 @@ class ConformerLayer(nn.Module):
         self.norm_out = nn.LayerNorm(d)
 
     def forward(self, x: Tensor, pos_emb: Tensor, att_mask: Tensor, pad_mask: Tensor,
-                cache_channel: Tensor | None, cache_time: Tensor | None
-                ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """x: (B, T, d); cache_channel: (B, C, d) normalised attention inputs of earlier frames;
-        cache_time: (B, d, K-1). Returns x and both next caches (None without caches)."""
+                window: Tensor | None, cache_time: Tensor | None, kv: bool = False
+                ) -> tuple[Tensor, Tensor | None]:
+        """x: (B, T, d); window: (B, C + T, w) whose first C frames hold what the attention keeps
+        of earlier frames: their normalised inputs (w = d) or, with `kv`, their keys then values
+        (w = 2d); this chunk's own are written into its last T frames, in place, so the window's
+        last C frames are the next cache. cache_time: (B, d, K-1). Returns x and the next time
+        cache (None without caches)."""
         x = x + 0.5 * self.feed_forward1(self.norm_feed_forward1(x))
         xn = self.norm_self_att(x)
-        if cache_channel is None:
-            keys, next_channel = xn, None
+        if window is None:
+            att = self.self_attn(xn, xn, pos_emb, att_mask)
+        elif kv:
+            att = self.self_attn.forward_cached(xn, window, pos_emb, att_mask)
         else:
-            keys = torch.cat([cache_channel, xn], dim=1)
-            next_channel = keys[:, -cache_channel.shape[1]:]
-        x = x + self.self_attn(xn, keys, pos_emb, att_mask)
+            window[:, window.shape[1] - xn.shape[1]:] = xn
+            att = self.self_attn(xn, window, pos_emb, att_mask)
+        x = x + att
         conv, next_time = self.conv(self.norm_conv(x), pad_mask, cache_time)
         x = x + conv
         x = x + 0.5 * self.feed_forward2(self.norm_feed_forward2(x))
-        return self.norm_out(x), next_channel, next_time
+        return self.norm_out(x), next_time

@@ -1,6 +1,7 @@
 """Cache-aware streaming FastConformer encoder (NeMo `ConformerEncoder`, chunked_limited attention)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -21,7 +22,10 @@ DROP_EXTRA_PRE_ENCODED = 2
 class EncoderCache:
     """Per-stream encoder state, batch on dim 1 (dim 0 for `channel_len`).
 
-    channel: (L, B, C, d) normalised attention inputs of the last C frames, right-aligned.
+    channel: what the attention keeps of the last C frames, right-aligned, in one of two layouts:
+        (L, B, C, d) their normalised attention inputs (NeMo's `cache_last_channel`; `kv` False),
+        or (L, B, C, 2d) their projected keys then values (`kv` True): a step then projects only
+        its new frames (the serving layout).
     time: (L, B, d, K-1) depthwise-conv inputs of the last K-1 frames.
     channel_len: (B,) int64 valid frames in `channel` (saturates at C).
     """
@@ -29,16 +33,40 @@ class EncoderCache:
     channel: Tensor
     time: Tensor
     channel_len: Tensor
+    kv: bool = False
 
     def to(self, device: torch.device, dtype: torch.dtype) -> EncoderCache:
         return EncoderCache(self.channel.to(device, dtype), self.time.to(device, dtype),
-                            self.channel_len.to(device))
+                            self.channel_len.to(device), self.kv)
 
     def copy_(self, src: EncoderCache) -> None:
-        """Copy `src` (same shapes, any device and dtype) into these buffers."""
+        """Copy `src` (same layout and shapes, any device and dtype) into these buffers."""
+        if src.kv != self.kv:
+            raise ValueError("cannot copy between the key/value and the input cache layouts")
         self.channel.copy_(src.channel)
         self.time.copy_(src.time)
         self.channel_len.copy_(src.channel_len)
+
+
+class Workspace:
+    """A buffer that `ConformerEncoder.streaming_forward` keeps its attention windows in from
+    one step to the next: fresh blocks of tens of MB cost the CPU's allocator a map and page
+    faults on every step, several times the copy itself. It grows to the largest step seen."""
+
+    def __init__(self) -> None:
+        self._buf: Tensor | None = None
+
+    def take(self, shape: tuple[int, ...], like: Tensor) -> Tensor:
+        """A tensor of `shape` with `like`'s device and dtype (contents undefined)."""
+        n = math.prod(shape)
+        buf = self._buf
+        if buf is None or buf.numel() < n or buf.device != like.device or buf.dtype != like.dtype:
+            buf = self._buf = like.new_empty(n)
+        return buf[:n].view(shape)
+
+    def release(self) -> None:
+        """Let the buffer go (it comes back at the next `take`)."""
+        self._buf = None
 
 
 class ConformerEncoder(nn.Module):
@@ -56,13 +84,15 @@ class ConformerEncoder(nn.Module):
         self.layers = nn.ModuleList(ConformerLayer(dims) for _ in range(dims.n_layers))
 
     def init_cache(self, batch: int, att_context: tuple[int, int], device: torch.device | str,
-                   dtype: torch.dtype) -> EncoderCache:
-        """Empty state for `batch` streams: C = the left context (att_context[0]) cached frames."""
+                   dtype: torch.dtype, kv: bool = True) -> EncoderCache:
+        """Empty state for `batch` streams: C = the left context (att_context[0]) cached frames,
+        as keys and values (`kv`, the default) or as NeMo's normalised inputs (see `EncoderCache`)."""
         d = self.dims
         return EncoderCache(
-            torch.zeros(d.n_layers, batch, att_context[0], d.d_model, device=device, dtype=dtype),
+            torch.zeros(d.n_layers, batch, att_context[0], d.d_model * (2 if kv else 1), device=device, dtype=dtype),
             torch.zeros(d.n_layers, batch, d.d_model, d.conv_kernel - 1, device=device, dtype=dtype),
             torch.zeros(batch, dtype=torch.long, device=device),
+            kv,
         )
 
     def forward(self, mel: Tensor, lengths: Tensor, att_context: tuple[int, int]) -> tuple[Tensor, Tensor]:
@@ -73,14 +103,17 @@ class ConformerEncoder(nn.Module):
         x, pos = self.pos_enc(x, x.shape[1])
         pad_mask, att_mask = self._masks(x.shape[1], lengths, None, att_context)
         for layer in self.layers:
-            x, _, _ = layer(x, pos, att_mask, pad_mask, None, None)
+            x, _ = layer(x, pos, att_mask, pad_mask, None, None)
         return x, lengths
 
     def streaming_forward(self, mel: Tensor, lengths: Tensor, cache: EncoderCache, att_context: tuple[int, int],
                           drop_extra: int = DROP_EXTRA_PRE_ENCODED, start: Tensor | None = None,
-                          full: bool = False, out: EncoderCache | None = None
-                          ) -> tuple[Tensor, Tensor, EncoderCache]:
+                          full: bool = False, out: EncoderCache | None = None, rows: Tensor | None = None,
+                          work: Workspace | None = None) -> tuple[Tensor, Tensor, EncoderCache]:
         """One cache-aware step.
+
+        Each layer attends over a window of (C + T) frames: the C cached ones, then this chunk's
+        T, which the layer writes in place, so the window's last C frames are the next cache.
 
         Args:
             mel: (B, n_mels, T_in): the previous step's last 9 mel frames then the new ones.
@@ -93,8 +126,13 @@ class ConformerEncoder(nn.Module):
                 padding of the offline pass. None = all exist.
             full: the caller knows that every row is complete (start all 0, lengths all T_in),
                 which spares the subsampling's masking.
-            out: buffers (same shapes as `cache`, not overlapping it) to write the next cache
-                into; returned as the next cache. None = fresh tensors.
+            out: buffers (same layout and shapes as `cache`, not overlapping it) to write the
+                next cache into; returned as the next cache. None = fresh tensors (the channel
+                cache then a view of the windows).
+            rows: (B,) int64: `cache` holds many streams' slots (batch S) and row b is slot
+                rows[b]; the step reads those slots straight into the windows and writes their
+                next state back into them, in place (`cache` is returned, `out` is not used).
+            work: with `rows`, buffers reused across calls for the windows (`Workspace`).
         Returns: (B, T_out, d), (B,) valid output frames, the next cache.
         """
         x, lengths = self.pre_encode(mel.to(self._dtype), lengths, start, full)
@@ -102,20 +140,36 @@ class ConformerEncoder(nn.Module):
             x = x[:, drop_extra:]
             lengths = (lengths - drop_extra).clamp(min=0)
         c, t = att_context[0], x.shape[1]
+        channel_len = cache.channel_len if rows is None else cache.channel_len.index_select(0, rows)
         x, pos = self.pos_enc(x, c + t)
-        pad_mask, att_mask = self._masks(c + t, lengths + c, c - cache.channel_len, att_context)
+        pad_mask, att_mask = self._masks(c + t, lengths + c, c - channel_len, att_context)
         pad_mask, att_mask = pad_mask[:, c:], att_mask[:, c:]
-        channels, times = [], []
+        shape = (cache.channel.shape[0], x.shape[0], c + t, cache.channel.shape[-1])
+        windows = (work.take(shape, cache.channel) if work is not None and rows is not None
+                   else cache.channel.new_empty(shape))
+        if rows is None:
+            windows[:, :, :c] = cache.channel
+            time = cache.time
+        else:
+            torch.index_select(cache.channel, 1, rows, out=windows[:, :, :c])
+            time = cache.time.index_select(1, rows)
+        times = []
         for i, layer in enumerate(self.layers):
-            x, ch, tm = layer(x, pos, att_mask, pad_mask, cache.channel[i], cache.time[i])
-            channels.append(ch)
+            x, tm = layer(x, pos, att_mask, pad_mask, windows[i], time[i], cache.kv)
             times.append(tm)
+        channel_len = (channel_len + t).clamp(max=c)
+        if rows is not None:
+            cache.channel.index_copy_(1, rows, windows[:, :, t:])
+            cache.time.index_copy_(1, rows, torch.stack(times))
+            cache.channel_len.index_copy_(0, rows, channel_len)
+            return x, lengths, cache
         if out is None:
-            nxt = EncoderCache(torch.stack(channels), torch.stack(times), (cache.channel_len + t).clamp(max=c))
-            return x, lengths, nxt
-        torch.stack(channels, out=out.channel)
+            return x, lengths, EncoderCache(windows[:, :, t:], torch.stack(times), channel_len, cache.kv)
+        if out.kv != cache.kv:
+            raise ValueError("the out buffers' cache layout differs from the cache's")
+        out.channel.copy_(windows[:, :, t:])
         torch.stack(times, out=out.time)
-        torch.clamp(cache.channel_len + t, max=c, out=out.channel_len)
+        out.channel_len.copy_(channel_len)
         return x, lengths, out
 
     @property

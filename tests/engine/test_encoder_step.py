@@ -88,13 +88,14 @@ def inputs(m: Transducer, b: int, rng: np.random.Generator, ragged: bool = True
 
 
 def simulate(steps: list[EncoderStep], m: Transducer, slots: int, chunks: int, seed: int,
-             sizes: tuple[int, ...] | None = None, between: Any = None
+             sizes: tuple[int, ...] | None = None, between: Any = None, kv: bool | list[bool] = True
              ) -> tuple[list[list[tuple[torch.Tensor, torch.Tensor]]], list[EncoderCache]]:
-    """Each step function keeps its own slot state; every chunk encodes a random subset of the
-    slots (in random order) or `sizes[chunk]` of them. Returns each one's outputs per chunk and
-    its final slot state."""
+    """Each step function keeps its own slot state (in the cache layout `kv`, one for all or one
+    each); every chunk encodes a random subset of the slots (in random order) or `sizes[chunk]`
+    of them. Returns each one's outputs per chunk and its final slot state."""
     rng = np.random.default_rng(seed)
-    caches = [m.encoder.init_cache(slots, CONTEXT[0], m.device, m.dtype) for _ in steps]
+    layouts = kv if isinstance(kv, list) else [kv] * len(steps)
+    caches = [m.encoder.init_cache(slots, CONTEXT[0], m.device, m.dtype, kv=k) for k in layouts]
     outs: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in steps]
     for chunk in range(chunks):
         if between is not None:
@@ -154,6 +155,7 @@ def test_key_changes_name_every_difference() -> None:
     assert "weight storage replaced" in k.changes_from(_key(weights=(1, 3)))
     assert "attention context [70, 1] -> [70, 13]" in k.changes_from(_key(att_context=(70, 1)))
     assert "mel window (80, 25) -> (80, 121)" in k.changes_from(_key(window=(80, 25)))
+    assert "cache layout inputs -> keys/values" in k.changes_from(_key(kv=False))
 
 
 def test_current_key_reads_the_model() -> None:
@@ -180,14 +182,65 @@ def test_nothing_before_the_first_call_then_one_capture_per_bucket() -> None:
     assert step.rebuilds == 1 and step.last_rebuild_reason == "first call"
 
 
+@pytest.mark.parametrize("kv", [True, False], ids=["kv_cache", "input_cache"])
 @pytest.mark.parametrize("per_octave", [1, 8])
-def test_fake_graphs_equal_eager_with_ragged_windows_and_random_rows(per_octave: int) -> None:
+def test_fake_graphs_equal_eager_with_ragged_windows_and_random_rows(per_octave: int, kv: bool) -> None:
     m = model()
     eager = EncoderStep(m.encoder, EAGER)
     graphs = graph_step(m, per_octave=per_octave)
-    got = simulate([eager, graphs], m, slots=23, chunks=24, seed=1)
+    got = simulate([eager, graphs], m, slots=23, chunks=24, seed=1, kv=kv)
     assert_same(got, got)
     assert graphs.mode == GRAPHS and eager.mode == EAGER and eager.key is None
+    assert graphs.key is not None and graphs.key.kv == kv and got[1][1].kv == kv
+    assert graphs._static is not None and graphs._static.shapes["channel"][2] == m.dims.d_model * (2 if kv else 1)
+
+
+def test_both_cache_layouts_give_the_same_outputs() -> None:
+    """The key/value cache is the input cache's computation with the cached frames' projections
+    kept: the same encoder outputs, through graphs and eagerly, with ragged windows and random
+    slots; its keys and values are the projections of the input cache's frames."""
+    m = model()
+    steps = [EncoderStep(m.encoder, EAGER), graph_step(m), EncoderStep(m.encoder, EAGER)]
+    outs, caches = simulate(steps, m, slots=9, chunks=16, seed=10, kv=[False, True, True])
+    for k in (1, 2):
+        for (ea, la), (eb, lb) in zip(outs[0], outs[k]):
+            assert torch.equal(la, lb)
+            torch.testing.assert_close(eb, ea, rtol=1e-5, atol=1e-5)
+    inputs_, kv = caches[0], caches[1]
+    assert torch.equal(inputs_.channel_len, kv.channel_len) and bool((kv.channel_len == 16).all())
+    with torch.no_grad():
+        want = torch.stack([torch.cat([layer.self_attn.linear_k(ch), layer.self_attn.linear_v(ch)], -1)
+                            for layer, ch in zip(m.encoder.layers, inputs_.channel)])
+    torch.testing.assert_close(kv.channel, want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_eager_step_keeps_its_attention_windows_between_steps_on_the_cpu() -> None:
+    """On a CPU the eager step reads the slots straight into windows allocated once (a fresh
+    block of tens of MB is mapped and faulted in on every step: with the key/value cache's
+    doubled bytes the default model's step was slower than the input cache's), and still equals
+    the graphs' gather, step and scatter."""
+    m = model()
+    eager, storages = EncoderStep(m.encoder, EAGER), []
+    take = eager._work.take
+
+    def spy(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        t = take(shape, like)
+        storages.append(t.untyped_storage().data_ptr())
+        return t
+
+    eager._work.take = spy  # type: ignore[method-assign]
+    got = simulate([graph_step(m), eager], m, slots=8, chunks=6, seed=4, sizes=(8, 3, 8, 5, 8, 1))
+    assert_same(got, got)
+    assert len(storages) == 6 and len(set(storages)) == 1
+
+
+def test_one_step_serves_both_layouts_capturing_again_on_a_change() -> None:
+    m, be = model(), FakeBackend()
+    step = graph_step(m, be)
+    simulate([step], m, slots=4, chunks=1, seed=11, sizes=(3,), kv=False)
+    simulate([step], m, slots=4, chunks=1, seed=11, sizes=(3,), kv=True)
+    assert be.captures == [4, 4] and step.rebuilds == 2
+    assert step.last_rebuild_reason == "cache layout inputs -> keys/values"
 
 
 def test_padded_rows_never_reach_real_rows() -> None:

@@ -17,6 +17,7 @@ from streamd.audio.features import logmel_many
 from streamd.decoding.graphs import make_decoder
 from streamd.decoding.greedy import GreedyLabelLooping
 from streamd.engine.encoder_step import EAGER, GRAPHS, EncoderGraphBackend, EncoderStep
+from streamd.engine.recognizer import Recognizer
 from streamd.model.transducer import Transducer
 from test_encoder_step import CONTEXT, assert_same, inputs, simulate
 
@@ -58,6 +59,34 @@ def test_graphs_equal_eager(slots: int) -> None:
     close(got, got, 1, 1e-4)
     assert graphs.mode == GRAPHS and graphs.fallbacks == 0 and graphs.rebuilds == 1
     assert graphs.buckets and graphs.key is not None and graphs.key.device == torch.device("cuda", 0)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 0.1)])
+def test_both_cache_layouts_give_the_same_outputs(dtype: torch.dtype, tol: float) -> None:
+    """NeMo's input cache (eager, the reference) against the key/value cache, from graphs and
+    eagerly: the same encoder outputs."""
+    m = model(8).to(dtype)
+    steps = [EncoderStep(m.encoder, EAGER), EncoderStep(m.encoder, GRAPHS), EncoderStep(m.encoder, EAGER)]
+    outs, caches = simulate(steps, m, slots=64, chunks=20, seed=8, kv=[False, True, True])
+    for k in (1, 2):
+        for (ea, la), (eb, lb) in zip(outs[0], outs[k]):
+            assert torch.equal(la, lb)
+            torch.testing.assert_close(eb, ea, rtol=tol, atol=tol)
+    assert steps[1].mode == GRAPHS and steps[1].key is not None and steps[1].key.kv
+    assert caches[1].channel.shape[-1] == 2 * m.dims.d_model and not caches[0].kv
+
+
+def test_tokens_identical_in_both_cache_layouts() -> None:
+    """The daemon's configuration (graphs in encoder and decoder) on the key/value cache against
+    the eager encoder on NeMo's input cache: identical tokens, streams joining and leaving."""
+    def run(kv: bool, encoder: Callable[[Transducer], EncoderStep], decoder: Callable[[Transducer], Any]) -> list:
+        m = random_model(4, att_context_sizes=CONTEXT).cuda()
+        rec = Recognizer(m, capacity=len(AUDIOS), search_factory=decoder, encoder_factory=encoder, kv_cache=kv)
+        return run_streams(m, None, AUDIOS, STARTS, seed=1, recognizer=rec)[0]
+
+    want = run(False, eager_step, greedy)
+    got = run(True, graph_step, lambda m: make_decoder(m, "auto", per_octave=4))
+    assert got == want and sum(len(t) for t, _ in want) > 0
 
 
 def test_a_larger_encoder_at_large_padded_batches() -> None:
@@ -148,6 +177,20 @@ def test_cpu_cuda_cpu() -> None:
     want, _ = streams("cpu", eager_step, greedy)  # all on the CPU
     got, step = streams("cpu", graph_step, greedy, moves)
     assert got == want and step.rebuilds == 1 and step.mode == EAGER and step.captures > 0
+
+
+def test_the_eager_step_keeps_its_windows_only_on_a_cpu() -> None:
+    """The eager step's attention windows stay allocated between steps on a CPU; a model moved
+    to the GPU lets them go (CUDA's caching allocator keeps its own blocks)."""
+    m = random_model(3, att_context_sizes=CONTEXT)
+    step, rng, held = EncoderStep(m.encoder, EAGER), np.random.default_rng(5), []
+    for device in ("cpu", "cuda", "cpu"):
+        m.to(device)
+        cache = m.encoder.init_cache(4, CONTEXT[0], m.device, m.dtype)
+        mel, lengths, start, full = inputs(m, 4, rng)
+        step(cache, torch.arange(4, device=m.device), mel, lengths, start, full, att_context=CONTEXT[0])
+        held.append(step._work._buf is not None)
+    assert held == [True, False, True]
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")

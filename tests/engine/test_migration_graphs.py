@@ -175,13 +175,14 @@ def test_a_failed_cut_over_keeps_the_sources_graphs(monkeypatch: pytest.MonkeyPa
     asyncio.run(main())
 
 
-def test_target_bytes_are_what_the_target_allocates() -> None:
+@pytest.mark.parametrize("kv", [True, False])
+def test_target_bytes_are_what_the_target_allocates(kv: bool) -> None:
     master = random_model(seed=2, att_context_sizes=CONTEXT)
     target = copy.deepcopy(master).to(torch.bfloat16)
-    cache = target.encoder.init_cache(SLOTS, CONTEXT[0], "cpu", torch.bfloat16)
+    cache = target.encoder.init_cache(SLOTS, CONTEXT[0], "cpu", torch.bfloat16, kv)
     held = sum(t.numel() * t.element_size() for t in (*target.parameters(), *target.buffers()))
     held += sum(t.numel() * t.element_size() for t in (cache.channel, cache.time, cache.channel_len))
-    assert migration.target_bytes(master, torch.bfloat16, SLOTS, CONTEXT[0]) == held
+    assert migration.target_bytes(master, torch.bfloat16, SLOTS, CONTEXT[0], kv) == held
 
 
 def test_a_target_without_room_is_refused_before_anything_is_allocated(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -45,6 +45,21 @@ def test_fixture_models_streaming_equals_offline(right: int) -> None:
             assert s.tokens == reference(kind)["offline"][f"att70_{right}"][name]["hyp"]["tokens"].tolist()
 
 
+@pytest.mark.parametrize("kind", ["rnnt", "hybrid"])
+def test_both_cache_layouts_stream_like_offline(kind: str) -> None:
+    """The key/value cache (the default) and NeMo's input cache give the same tokens and times,
+    streams batched together as they join and leave, equal to the offline pass."""
+    m = fixture_model(kind).model
+    inputs = list(reference(kind)["inputs"].values())
+    audios = [inp["audio"].numpy() for inp in inputs]
+    got = {}
+    for kv in (True, False):
+        rec = Recognizer(m, capacity=len(audios), kv_cache=kv)
+        got[kv] = run_streams(m, greedy(m), audios, starts=[0, 2, 2, 5][: len(audios)], seed=4, recognizer=rec)[0]
+        assert rec.state_tensors()[0].kv == kv
+    assert got[True] == got[False] == [transcribe_offline(m, inp["audio"]) for inp in inputs]
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_random_models_streaming_equals_offline(seed: int) -> None:
     m = random_model(seed, att_context_sizes=((16, 3), (16, 0)))
@@ -158,6 +173,7 @@ def test_plain_to_mid_stream_is_enough() -> None:
     rec.step([s])
     cache, dec = rec.state_tensors()
     assert cache.channel.dtype == dec.h.dtype == torch.bfloat16
+    assert cache.kv and cache.channel.shape[-1] == 2 * m.dims.d_model  # the key/value cache, converted too
     copy_.to(torch.float32)
     s.end()
     while s.ready:
@@ -190,7 +206,7 @@ def test_cut_over_copies_slot_state_into_the_staged_buffers() -> None:
     gc.collect()
     assert source() is None
     cache = rec.state_tensors()[0]
-    assert cache is staged and cache.channel.dtype == torch.float64
+    assert cache is staged and cache.channel.dtype == torch.float64 and cache.kv
     assert torch.equal(cache.channel, before.double())
     back = placed_copy(m, torch.device("cpu"), torch.float32)
     cut_over(rec, back)[2]()  # no staged buffers: converted with .to()
@@ -200,6 +216,23 @@ def test_cut_over_copies_slot_state_into_the_staged_buffers() -> None:
     while s.ready:
         rec.step([s])
     assert (s.tokens, s.times) == expected
+
+
+def test_staged_buffers_of_the_other_cache_layout_are_not_used() -> None:
+    """A recognizer on NeMo's input cache given key/value buffers to cut over into converts its
+    own cache instead, and stays in its layout."""
+    m = random_model(3, att_context_sizes=((16, 3),))
+    rec = Recognizer(m, capacity=2, kv_cache=False)
+    s = rec.open()
+    s.push_audio(synthetic_audio(1.0, 0))
+    while s.ready:
+        rec.step([s])
+    before = rec.state_tensors()[0].channel.clone()
+    target = placed_copy(m, torch.device("cpu"), torch.float64)
+    staged = stage_cache(target, rec.capacity, rec.att_context)
+    cut_over(rec, target, staged)
+    cache = rec.state_tensors()[0]
+    assert cache is not staged and not cache.kv and torch.equal(cache.channel, before.double())
 
 
 def test_the_after_start_row_is_made_once_per_weights() -> None:

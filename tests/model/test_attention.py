@@ -1,4 +1,5 @@
-"""The fused attention path (SDPA, used on CUDA) equals the explicit one (NeMo's math, the reference)."""
+"""The fused attention path (SDPA, used on CUDA) equals the explicit one (NeMo's math, the
+reference), and attention over cached keys and values equals attention over cached inputs."""
 from __future__ import annotations
 
 import pytest
@@ -42,5 +43,45 @@ def test_fused_attention_equals_explicit_on_cuda(cache: int, t: int) -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
         test_fused_attention_equals_explicit(cache, t, "cuda")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("cache,t", CASES)
+def test_cached_keys_and_values_equal_projecting_cached_inputs(cache: int, t: int, fused: bool,
+                                                              device: str = "cpu") -> None:
+    """`forward_cached` over the projections of cached inputs gives `forward`'s output over the
+    inputs, leaves the window's cached keys and values unchanged and writes the query's after them."""
+    torch.manual_seed(1)
+    att = RelPositionMultiHeadAttention(64, 4, bias=True).to(device)
+    with torch.no_grad():
+        for p in att.parameters():
+            p.normal_(0.0, 0.2)
+    att.fused = fused
+    b, n = 5, cache + t
+    query, cached = torch.randn(b, t, 64, device=device), torch.randn(b, cache, 64, device=device)
+    _, pos = RelPositionalEncoding(64, 500, xscaling=True).to(device)(query, n)
+    mask = torch.rand(b, t, n, device=device) < 0.3
+    mask[1] = True
+    with torch.no_grad():
+        want = att(query, torch.cat([cached, query], dim=1), pos, mask)
+        kv_cache = torch.cat([att.linear_k(cached), att.linear_v(cached)], dim=-1)
+        window = torch.cat([kv_cache, torch.full((b, t, 128), float("nan"), device=device)], dim=1)
+        got = att.forward_cached(query, window, pos, mask)
+        kv_query = torch.cat([att.linear_k(query), att.linear_v(query)], dim=-1)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert torch.equal(window[:, :cache], kv_cache)
+    torch.testing.assert_close(window[:, cache:], kv_query)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("cache,t", CASES)
+def test_cached_keys_and_values_equal_projecting_cached_inputs_on_cuda(cache: int, t: int, fused: bool) -> None:
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        test_cached_keys_and_values_equal_projecting_cached_inputs(cache, t, fused, "cuda")
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old

@@ -6,6 +6,7 @@ import torch
 
 from helpers import CONTEXTS, MODELS, fixture_model, greedy, reference
 from streamd.model.encoder import EncoderCache
+from streamd.model.transducer import Transducer
 
 REL_TOL = 1e-4
 
@@ -73,13 +74,16 @@ def nemo_buffer_chunks(mel: torch.Tensor, first: int, rest: int, pre: int = 9) -
     return chunks
 
 
+@pytest.mark.parametrize("kv", [False, True], ids=["input_cache", "kv_cache"])
 @pytest.mark.parametrize("kind", MODELS)
 @pytest.mark.parametrize("ctx", CONTEXTS)
-def test_streaming_chunks_match_nemo(kind: str, ctx: str) -> None:
+def test_streaming_chunks_match_nemo(kind: str, ctx: str, kv: bool, device: str = "cpu") -> None:
     """NeMo's own streaming convention (first chunk without cache and drop 0, zero-filled
-    pre-encode cache, full mel tensor width), chunk by chunk, through `streaming_forward`."""
+    pre-encode cache, full mel tensor width), chunk by chunk, through `streaming_forward`, with
+    either cache layout: NeMo's normalised inputs (compared with NeMo's cache) or keys and values
+    (compared with the projections of NeMo's cache, over the frames it holds)."""
     lm, ref = fixture_model(kind), reference(kind)
-    m = lm.model
+    m = lm.model.to(device)
     dec = greedy(m)
     cfg = ref["meta"]["streaming_cfg"][ctx]
     r = CONTEXTS[ctx][1]
@@ -87,7 +91,7 @@ def test_streaming_chunks_match_nemo(kind: str, ctx: str) -> None:
         st = ref["streaming"][ctx][name]
         chunks = nemo_buffer_chunks(inp["mel"], *cfg["chunk_size"])
         assert len(chunks) >= st["num_chunks"]
-        cache: EncoderCache = m.encoder.init_cache(1, CONTEXTS[ctx], "cpu", torch.float32)
+        cache: EncoderCache = m.encoder.init_cache(1, CONTEXTS[ctx], device, torch.float32, kv=kv)
         state = None
         for i, c in enumerate(st["chunks"]):
             x, drop = chunks[i]
@@ -95,8 +99,9 @@ def test_streaming_chunks_match_nemo(kind: str, ctx: str) -> None:
             if "input_mels" in c:
                 assert torch.equal(x, c["input_mels"][0])
             with torch.no_grad():
-                y, y_len, cache = m.encoder.streaming_forward(x[None], c["input_len"], cache, CONTEXTS[ctx],
-                                                              drop_extra=drop)
+                y, y_len, cache = m.encoder.streaming_forward(x[None].to(device), c["input_len"].to(device), cache,
+                                                              CONTEXTS[ctx], drop_extra=drop)
+            y, y_len = y.cpu(), y_len.cpu()
             if not c["keep_all_outputs"]:
                 y_len = y_len.clamp(max=r + 1)
             assert y_len.tolist() == c["encoded_len"].tolist(), (name, i)
@@ -105,21 +110,55 @@ def test_streaming_chunks_match_nemo(kind: str, ctx: str) -> None:
                 assert rel_err(y[0, :n], c["encoded"][0].T[:n]) <= REL_TOL, (name, i)
             assert cache.channel_len.tolist() == c["cache_last_channel_len_next"].tolist()
             if "cache_last_channel_next" in c:
-                assert rel_err(cache.channel, c["cache_last_channel_next"]) <= REL_TOL
-                assert rel_err(cache.time, c["cache_last_time_next"]) <= REL_TOL
-            hyps, state = dec(y[:, :n], y_len, state)
+                assert rel_err(cache.channel.cpu(), nemo_channel_cache(m, c["cache_last_channel_next"], kv,
+                                                                       cache.channel_len)) <= REL_TOL
+                assert rel_err(cache.time.cpu(), c["cache_last_time_next"]) <= REL_TOL
+            hyps, state = dec(y[:, :n].to(device), y_len.to(device), state)
             h = c["hyps"][0]
             assert int(state.frames[0]) == sum(int(cc["encoded_len"][0]) for cc in st["chunks"][: i + 1])
             if "dec_state" in h:
                 ds = h["dec_state"]
                 assert int(state.label[0]) == int(ds["label"])
-                assert rel_err(state.gproj[0], ds["predictor_output"][0]) <= REL_TOL
-                assert rel_err(state.h[:, 0], ds["predictor_state"][0]) <= REL_TOL
+                assert rel_err(state.gproj[0].cpu(), ds["predictor_output"][0]) <= REL_TOL
+                assert rel_err(state.h[:, 0].cpu(), ds["predictor_state"][0]) <= REL_TOL
+    m.cpu()
 
 
+def nemo_channel_cache(m: Transducer, channel: torch.Tensor, kv: bool, valid: torch.Tensor) -> torch.Tensor:
+    """NeMo's `cache_last_channel` (L, B, C, d) in the layout `kv` says: as is, or each layer's
+    keys then values of the frames it holds (the last `valid` of each row; the others zero, as
+    the key/value cache keeps them)."""
+    if not kv:
+        return channel
+    with torch.no_grad():
+        att = [layer.self_attn.cpu() for layer in m.encoder.layers]
+        out = torch.stack([torch.cat([a.linear_k(ch), a.linear_v(ch)], -1) for a, ch in zip(att, channel)])
+        for a in att:
+            a.to(m.device)
+    c = channel.shape[2]
+    held = torch.arange(c)[None] >= c - valid.cpu()[:, None]  # (B, C)
+    return out * held[None, :, :, None]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kv", [False, True], ids=["input_cache", "kv_cache"])
 @pytest.mark.parametrize("kind", MODELS)
-def test_streaming_tokens_match_nemo(kind: str) -> None:
-    """Full NeMo-convention streaming decode: final tokens and global timestamps."""
+def test_streaming_chunks_match_nemo_on_cuda(kind: str, kv: bool) -> None:
+    """The same on the GPU (fused attention), TF32 off."""
+    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        for ctx in CONTEXTS:
+            test_streaming_chunks_match_nemo(kind, ctx, kv, "cuda")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+        fixture_model(kind).model.cpu()
+
+
+@pytest.mark.parametrize("kv", [False, True], ids=["input_cache", "kv_cache"])
+@pytest.mark.parametrize("kind", MODELS)
+def test_streaming_tokens_match_nemo(kind: str, kv: bool) -> None:
+    """Full NeMo-convention streaming decode: final tokens and global timestamps, either layout."""
     lm, ref = fixture_model(kind), reference(kind)
     m = lm.model
     for ctx, (left, r) in CONTEXTS.items():
@@ -127,7 +166,7 @@ def test_streaming_tokens_match_nemo(kind: str) -> None:
         cfg = ref["meta"]["streaming_cfg"][ctx]
         for name, inp in ref["inputs"].items():
             st = ref["streaming"][ctx][name]
-            cache, state, toks, times = m.encoder.init_cache(1, (left, r), "cpu", torch.float32), None, [], []
+            cache, state, toks, times = m.encoder.init_cache(1, (left, r), "cpu", torch.float32, kv=kv), None, [], []
             for (x, drop), c in zip(nemo_buffer_chunks(inp["mel"], *cfg["chunk_size"]), st["chunks"]):
                 with torch.no_grad():
                     y, y_len, cache = m.encoder.streaming_forward(x[None], c["input_len"], cache, (left, r),
