@@ -32,8 +32,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from streamd.engine.migration import (IN_USE_S, MemoryGuard, MigrationFailed, MigrationReport, PreparedSteps, cut_over,
-                                      placed_copy, placement, prepare_steps, stage_cache, target_bytes)
+from streamd.engine.migration import (HOT_S, IN_USE_S, MemoryGuard, MigrationFailed, MigrationReport, PreparedSteps,
+                                      cut_over, placed_copy, placement, prepare_steps, stage_cache, target_bytes)
 from streamd.engine.placement import DTYPE_NAMES
 from streamd.engine.recognizer import ChunkResult, Launched, Recognizer
 from streamd.engine.stream import ChunkGeometry, Stream
@@ -304,7 +304,8 @@ class Engine:
                 target = await asyncio.to_thread(placed_copy, master, dev, dt, rec.att_context)
                 staged = await asyncio.to_thread(stage_cache, target, rec.capacity, rec.att_context,
                                                 rec.kv_cache)
-                in_use = rec.graph_sizes(time.monotonic() - IN_USE_S)
+                now = time.monotonic()
+                in_use = [rec.graph_sizes(now - HOT_S), rec.graph_sizes(now - IN_USE_S)]
                 steps = await asyncio.to_thread(prepare_steps, rec, target, in_use, guard.room)
                 report.prepare_ms = (time.perf_counter() - t0) * 1000
                 report.recapture_ms, report.graphs = steps.capture_ms, steps.graphs

@@ -6,9 +6,9 @@
    out of memory) fails before anything changes, and the device is warm.
    The slot-state buffers at the target are allocated then too (`stage_cache`), and the
    target's encoder step and decoder are made, with the CUDA graphs of the batch sizes the
-   serving ones called in the last `IN_USE_S` seconds (`prepare_steps`, on a side stream), so
-   that the first steps after the move replay graphs instead of capturing them while every
-   stream waits (capturing every size the warm-up made took 10-50 s a move at thousands of
+   serving ones called in the last `IN_USE_S` seconds, those of the last `HOT_S` first
+   (`prepare_steps`, on a side stream), so that the first steps after the move replay graphs
+   instead of capturing them while every stream waits (capturing every size the warm-up made took 10-50 s a move at thousands of
    streams on an H200).
    Every CUDA call of this preparation that could break a capture on the engine thread (a
    synchronize, `empty_cache`, a capture) holds `cuda_capture.DEVICE_LOCK`, as the engine
@@ -47,6 +47,7 @@ log = logging.getLogger("streamd.engine")
 
 MIN_FREE = 0.1  # the share of a GPU's memory a migration leaves to serving while it prepares
 IN_USE_S = 60.0  # a migration prepares the graphs of the batch sizes called this recently
+HOT_S = 5.0  # ... those called this recently first (the first steps after the move need them)
 
 
 class MigrationFailed(RuntimeError):
@@ -170,11 +171,12 @@ class PreparedSteps:
     deferred: int = 0
 
 
-def prepare_steps(rec: Recognizer, target: Transducer, sizes: tuple[list[int], list[int]],
+def prepare_steps(rec: Recognizer, target: Transducer, sizes: list[tuple[list[int], list[int]]],
                   room: Callable[[], bool] | None = None) -> PreparedSteps:
     """The target's encoder step and search (the recognizer's factories), with the graphs of the
-    batch sizes `sizes` (`Recognizer.graph_sizes()`: the encoder's and the decoder's) captured
-    now, off the engine thread, largest first, while `room()` (if given) allows. A size not
+    batch sizes `sizes` captured now, off the engine thread, while `room()` (if given) allows:
+    groups (`Recognizer.graph_sizes()`: the encoder's and the decoder's) in order, the first
+    group's encoder and decoder sizes before the next group's, each largest first. A size not
     captured (no room, or out of memory) is left to the lazy capture on its first step; on a
     CPU nothing is captured."""
     t0 = time.perf_counter()
@@ -186,12 +188,16 @@ def prepare_steps(rec: Recognizer, target: Transducer, sizes: tuple[list[int], l
         return not stopped
 
     encoder_step, search = rec.encoder_factory(target), rec.search_factory(target)
-    enc_sizes, dec_sizes = sizes
-    enc = encoder_step.prepare(enc_sizes, rec.mel_window, rec.att_context, allowed, rec.kv_cache)
     prepare = getattr(search, "prepare", None)
-    dec = prepare(dec_sizes, allowed) if prepare is not None and dec_sizes else []
+    enc: list[int] = []
+    dec: list[int] = []
+    for enc_sizes, dec_sizes in sizes:
+        enc = encoder_step.prepare(enc_sizes, rec.mel_window, rec.att_context, allowed, rec.kv_cache)
+        dec = prepare(dec_sizes, allowed) if prepare is not None and dec_sizes else dec
+    enc_sizes = {b for group, _ in sizes for b in group}
+    dec_sizes = {b for _, group in sizes for b in group}
     graphs = f"encoder {len(enc)}, decoder {len(dec)}" if enc or dec else ""
-    deferred = len(set(enc_sizes) - set(enc)) + len(set(dec_sizes) - set(dec)) if stopped else 0
+    deferred = len(enc_sizes - set(enc)) + len(dec_sizes - set(dec)) if stopped else 0
     if deferred:
         log.warning("migration: the graphs of %d batch sizes are left to their first step after the move "
                     "(%.0f%% of the GPU's memory kept free for serving)", deferred, MIN_FREE * 100)

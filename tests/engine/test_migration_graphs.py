@@ -276,3 +276,41 @@ def test_only_the_batch_sizes_in_use_are_prepared() -> None:
             await engine.stop()
 
     asyncio.run(main())
+
+
+def test_the_sizes_called_last_are_prepared_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With room for two graphs, the encoder's and the decoder's size of the last steps get them
+    (not the two largest of the encoder's, as when every size was called as recently): the
+    first steps after the move replay instead of capturing (an H200 move at 4500 streams with
+    decoder graphs left over opened a 250-350 ms gap)."""
+    master = random_model(seed=2, att_context_sizes=CONTEXT)
+    made = Made()
+    checks: list[int] = []
+
+    def free_memory(device: torch.device) -> tuple[int, int]:
+        checks.append(1)  # 1st: the weights and state check; 2nd, 3rd: room for two graphs; then none
+        return (10**12 if len(checks) <= 3 else 10**9, 10**12)
+
+    rng = np.random.default_rng(3)
+
+    async def main() -> None:
+        rec, engine = made.started(master)
+        try:
+            await engine.call(lambda r: r.capture_graphs(SLOTS))
+            enc_sizes, dec_sizes = rec.graph_sizes()
+            assert len(enc_sizes) > 1 and len(dec_sizes) > 1
+            for used in (rec.encoder_step.used_at, rec.search.used_at):
+                for size in used:
+                    used[size] -= migration.HOT_S + 1.0  # called within IN_USE_S, not within HOT_S
+            session = await engine.open()
+            feed(engine, [session], rng.standard_normal(rec.geometry.chunk_ms * 16).astype(np.float32) * 0.1)
+            await results([session], 1)
+            monkeypatch.setattr(migration, "free_memory", free_memory)
+            report = await engine.migrate(master, None, torch.bfloat16)
+            assert report.ok and report.graphs_deferred == len(enc_sizes) + len(dec_sizes) - 2, report
+            assert rec.graph_sizes() == ([bucket_size(1, rec.encoder_step.per_octave)],
+                                         [bucket_size(1, rec.search.per_octave)])
+        finally:
+            await engine.stop()
+
+    asyncio.run(main())
