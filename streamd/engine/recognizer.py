@@ -346,7 +346,10 @@ class Recognizer:
         per step, however many streams opened (opening is on the engine thread's critical path)."""
         if not self._fresh:
             return
-        rows = torch.tensor(list(self._fresh), device=cache.channel.device)
+        device = cache.channel.device
+        host = _host(device, (len(self._fresh),), torch.int64)
+        host.numpy()[:] = list(self._fresh)
+        rows = host.to(device, non_blocking=True)  # pinned: no wait for the step in flight
         self._fresh.clear()
         cache.channel.index_fill_(1, rows, 0.0)
         cache.time.index_fill_(1, rows, 0.0)

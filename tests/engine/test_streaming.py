@@ -320,3 +320,23 @@ def test_a_steps_features_equal_the_incremental_reference() -> None:
     stream.end()
     take_ready()
     assert torch.equal(torch.cat(got, dim=1), expected)
+
+
+@pytest.mark.cuda
+def test_streams_opened_between_steps_do_not_make_the_next_step_wait() -> None:
+    """The rows of newly opened slots go to the GPU from pinned memory, without waiting for the
+    step in flight (a copy from pageable memory synchronizes: pipelining was lost whenever
+    streams opened)."""
+    rec = Recognizer(random_model(seed=1).cuda(), capacity=4)
+    s = rec.open()
+    s.push_audio(np.zeros(rec.geometry.window * rec.geometry.hop, dtype=np.float32))
+    while s.ready:
+        rec.step([s])
+    rec.open()
+    cache, dec = rec.state_tensors()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        rec._reset_fresh(cache, dec)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert not rec._fresh
