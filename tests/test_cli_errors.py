@@ -102,3 +102,46 @@ def test_version_and_a_right_context_the_model_lacks(capsys: pytest.CaptureFixtu
     from streamd.model.dims import ModelDims
     with pytest.raises(ValueError, match=r"right context 7 is not one this model was trained for; use 13, 6, 1 or 0"):
         ModelDims(vocab_size=8).att_context_with_right(7)
+
+
+def test_a_failed_migration_names_what_was_asked() -> None:
+    """`admin migrate --device cuda` on a machine without CUDA: `cpu fp32 -> cuda`, not `cuda None`."""
+    import asyncio
+    import dataclasses
+
+    from daemon import config, running
+
+    async def main() -> list[str]:
+        async with running(config()) as (app, _):
+            reports = [await app.control.migrate("cuda", None), await app.control.migrate(None, "fp8")]
+            return [_summary("migrate", {**STATUS, "migration": dataclasses.asdict(r)}) for r in reports]
+
+    cuda, fp8 = asyncio.run(main())
+    assert "migration cpu fp32 -> cuda: " in cuda and "CUDA is not available" in cuda and "None" not in cuda, cuda
+    assert "migration cpu fp32 -> fp8: " in fp8 and "unknown dtype 'fp8'" in fp8 and "None" not in fp8, fp8
+
+
+def test_serve_help_shows_choices_and_the_log_names_the_page_and_a_clean_exit(
+        capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+    import asyncio
+    import logging
+
+    from daemon import config, running
+
+    with pytest.raises(SystemExit) as done:
+        cli.main(["serve", "-h"])
+    said = " ".join(capsys.readouterr().out.split())
+    assert done.value.code == 0
+    for flag in ("--dtype {fp32,bf16,fp16}", "--backlog-policy {pace,close}", "--admission {capacity,max_streams}",
+                 "--cuda-graphs {on,off}", "--gate-mode {on,off}"):
+        assert flag in said, flag
+
+    async def main() -> str:
+        async with running(config()) as (_, url):
+            return url.replace("ws://", "http://") + "/"
+
+    caplog.set_level(logging.INFO, logger="streamd")
+    page = asyncio.run(main())
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(line.startswith("serving ") and line.endswith(f"browser page {page}") for line in lines), lines
+    assert lines[-1] == "stopped", lines[-3:]

@@ -172,10 +172,11 @@ async def transcribe_files(paths: Sequence[str], options: Options, emit: Callabl
     durations = await asyncio.to_thread(lambda: [_duration(p) for p in paths])
     progress = Progress(durations, progress_out or sys.stderr, enabled=progress_out is not None)
     slots = asyncio.Semaphore(options.jobs)
+    report = options.on_status
 
     def status(message: str) -> None:
         progress.clear()
-        options.on_status(message)
+        report(message)
 
     options = dataclasses.replace(options, on_status=status)
 

@@ -251,7 +251,9 @@ class ListenConnection(Connection):
             while (data := await self._recv(cfg.idle_timeout_s, allow_shutdown=True)) is not None:
                 if time.monotonic() - self.started > cfg.max_session_s:
                     raise SessionExpired(f"session longer than max_session_s={cfg.max_session_s:g}")
-                if await self._handle(data):
+                closing = await self._handle(data)
+                del data  # taken: the next receive waits without it
+                if closing:
                     reason = "close stream"
                     break
             self.session.end()
@@ -292,13 +294,10 @@ class ListenConnection(Connection):
 
     async def _audio(self, data: bytes) -> None:
         self.sha256.update(data)
-        if self.options.encoding != "linear16":
-            data = G711[_G711[self.options.encoding]][np.frombuffer(data, dtype=np.uint8)].tobytes()
-        self.session.feed(data)
-        await self._run_commands()
+        table = G711[_G711[self.options.encoding]] if self.options.encoding != "linear16" else None
         assert self.sender is not None
-        if self.session.backlog_s > self.backlog_limit_s:
-            await self._hold_backlog(self.sender)  # on shutdown, the next receive ends the loop
+        # on shutdown, the next receive ends the loop
+        await self._feed(data, self.sender, None if table is None else lambda b: table[np.frombuffer(b, np.uint8)].tobytes())
 
     # -- results ---------------------------------------------------------------------------------
     async def _deliver_all(self, results: list[Result]) -> None:

@@ -41,6 +41,9 @@ STATIC_FILES = {"/": ("index.html", "text/html; charset=utf-8"),
                 "/app.js": ("app.js", "text/javascript; charset=utf-8"),
                 "/capture-worklet.js": ("capture-worklet.js", "text/javascript; charset=utf-8")}
 
+# A plain GET of a stream path that a handshake would let in (with this token and origin).
+ACCESS_GRANTED = b"access granted: open this path with a websocket handshake\n"
+
 # The stream faces: the native protocol, OpenAI Realtime and Deepgram live, by path.
 FACES: dict[str, type[Connection]] = {STREAM_PATH: Connection, REALTIME_PATH: RealtimeConnection,
                                       LISTEN_PATH: ListenConnection}
@@ -100,6 +103,10 @@ class Front:
         if path == LISTEN_PATH and (bad := listen_refusal(request.path)) is not None:
             self.state.metrics.rejections.labels(reason="bad_request").inc()
             return bad
+        if "websocket" not in request.headers.get("Upgrade", "").lower():
+            # A plain GET: what a handshake with this token and origin would get, nothing opened
+            # (the browser page asks this first: browsers do not show why a handshake failed).
+            return response(HTTPStatus.UPGRADE_REQUIRED, ACCESS_GRANTED, extra={"Upgrade": "websocket"})
         if not self.accepting:
             self.state.metrics.rejections.labels(reason="draining").inc()
             return response(HTTPStatus.SERVICE_UNAVAILABLE, b"draining\n", extra={"Retry-After": "5"})

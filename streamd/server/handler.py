@@ -33,6 +33,9 @@ from streamd.server.resume import Attach, ResumeState, Sessions, log_name, sessi
 from streamd.session.core import End, Open, Result, Segment, StreamSession
 
 log = logging.getLogger("streamd.server")
+# Audio bytes fed to a session at a time: a paced stream's backlog passes max_backlog_s by at most
+# this much (1 s of 16 kHz s16le; 4 s of 8 kHz G.711), not by a whole message.
+FEED_BYTES = 32 << 10
 
 
 class Census:
@@ -302,14 +305,17 @@ class Connection:
             data = await self._recv(cfg.idle_timeout_s, allow_shutdown=True)
             if data is None:
                 return "shutdown"
+            if isinstance(data, bytes):
+                self.session.proto.receive_audio()  # raises unless audio may come now
+                self.resume.audio_bytes += len(data)
+                fed = await self._feed(data, sender)
+                del data  # taken: the next receive waits without it
+                if not fed:
+                    return "shutdown"
+                continue
             msg = self.session.receive(data)
             await self._run_commands()
-            if isinstance(data, bytes):
-                self.resume.audio_bytes += len(data)
-                del data  # taken: a paced stream holds its backlog, not this message besides
-                if self.session.backlog_s > self.backlog_limit_s and not await self._hold_backlog(sender):
-                    return "shutdown"
-            elif isinstance(msg, p.Stop):
+            if isinstance(msg, p.Stop):
                 return "stop"
             elif isinstance(msg, p.Finalize):
                 self.resume.finalizes += 1
@@ -358,6 +364,22 @@ class Connection:
         slot = Slot(segment, engine)
         self.slots[segment] = slot
         await self.opened.put(slot)
+
+    async def _feed(self, audio: bytes, sender: asyncio.Task[None],
+                    convert: Callable[[bytes], bytes] | None = None) -> bool:
+        """Feed a message's audio to the session `FEED_BYTES` at a time (`convert`ed first), and
+        hold the backlog (`_hold_backlog`) whenever it passes its limit: it never passes it by more
+        than one piece, and a paced stream holds the rest of the message as it came, not as
+        float32. After shutdown began the rest is fed unpaced; returns False then."""
+        paced = True
+        for i in range(0, len(audio), FEED_BYTES):
+            piece = audio[i:i + FEED_BYTES]
+            self.session.feed(convert(piece) if convert is not None else piece)
+            del piece
+            await self._run_commands()
+            if paced and self.session.backlog_s > self.backlog_limit_s:
+                paced = await self._hold_backlog(sender)
+        return paced
 
     async def _hold_backlog(self, sender: asyncio.Task[None]) -> bool:
         """The stream is more than `max_backlog_s` ahead of decoding. Policy `close`: raise

@@ -280,7 +280,11 @@ class RealtimeConnection(Connection):
                     raise SessionExpired(f"session longer than max_session_s={cfg.max_session_s:g}")
                 if self.sender is not None and self.sender.done():
                     self.sender.result()  # raises what ended it
-                await self._handle(data)
+                audio = await self._handle(data)
+                del data  # the event is let go of before its audio is fed (and paced)
+                if audio:
+                    await self._append(audio)
+                del audio
             await self._drain()
         finally:
             if self.sender is not None:
@@ -290,20 +294,22 @@ class RealtimeConnection(Connection):
         await self._close(p.CloseCode.GOING_AWAY)
         return "shutdown"
 
-    async def _handle(self, data: str | bytes) -> None:
+    async def _handle(self, data: str | bytes) -> bytes | None:
+        """Take one client event; an `append`'s audio is returned (decoded), for the caller to
+        feed once it has let go of the event."""
         event_id: str | None = None
         try:
             event = _parse(data)
             event_id = event.get("event_id")
-            await self._dispatch(event)
+            return await self._dispatch(event)
         except RealtimeError as e:
             await self._error(e, event_id)
+            return None
 
-    async def _dispatch(self, event: dict[str, Any]) -> None:
+    async def _dispatch(self, event: dict[str, Any]) -> bytes | None:
         kind = event.get("type")
         if kind == "input_audio_buffer.append":
-            await self._append(_audio(event))
-            return
+            return _audio(event)
         if kind in ("input_audio_buffer.commit", "input_audio_buffer.clear"):
             _check_keys(event, ("type", "event_id"), "")
         if kind == "input_audio_buffer.commit":
@@ -333,6 +339,7 @@ class RealtimeConnection(Connection):
         else:
             raise RealtimeError("unknown_event", f"unknown event type {echo(kind)}; streamd takes "
                                 f"{', '.join(_EVENTS)}", "type")
+        return None
 
     async def _append(self, audio: bytes) -> None:
         if not audio:
@@ -343,13 +350,10 @@ class RealtimeConnection(Connection):
             self.sender = asyncio.create_task(self._sender())
             self.sender.add_done_callback(self._sender_done)
         assert self.sender is not None
-        if self.config.format != "pcm16":
-            audio = G711[self.config.format][np.frombuffer(audio, dtype=np.uint8)].tobytes()
-        self.session.feed(audio)
-        await self._run_commands()
+        table = G711[self.config.format] if self.config.format != "pcm16" else None
         self.appended = True
-        if self.session.backlog_s > self.backlog_limit_s:
-            await self._hold_backlog(self.sender)  # on shutdown, the next receive ends the loop
+        # on shutdown, the next receive ends the loop
+        await self._feed(audio, self.sender, None if table is None else lambda b: table[np.frombuffer(b, np.uint8)].tobytes())
 
     async def _next_segment(self, reason: Literal["finalize", "clear"]) -> None:
         """End the open segment (`finalize`: transcribe it; `clear`: drop its results) and open the next."""

@@ -185,3 +185,35 @@ def test_page_says_why_no_stream_opens(tmp_path: Path) -> None:
                 assert "Cannot reach the server" in said and "Microphone" not in said, said
 
     asyncio.run(main())
+
+
+def test_page_says_whether_its_token_is_missing_or_wrong(tmp_path: Path) -> None:
+    """A daemon with a token: the page opened without one, or with a wrong one, says which (a
+    browser cannot read a refused handshake's 401); with the right one it listens."""
+    wav = tmp_path / "speech.wav"
+    sf.write(wav, speech(pad_s=1.0), 16000, subtype="PCM_16")
+    token = tmp_path / "token"
+    token.write_text("s3cret-Token_42\n")
+    flags = ["--use-fake-device-for-media-stream", f"--use-file-for-fake-audio-capture={wav}",
+             "--use-fake-ui-for-media-stream", "--autoplay-policy=no-user-gesture-required"]
+    status_js = "document.getElementById('status').textContent"
+
+    async def said(browser: Any, page_url: str, state: str) -> str:
+        page = await browser.new_page()
+        await page.goto(page_url)
+        await page.evaluate("document.getElementById('toggle').click()", user_gesture=True)
+        await page.wait_for(f"document.body.dataset.state === '{state}'", 30)
+        return str(await page.evaluate(status_js))
+
+    async def main() -> None:
+        async with running(config(token_file=token)) as (_, url):
+            home = url.replace("ws", "http", 1) + "/"
+            async with launch(str(CHROMIUM), tmp_path / "profile", flags, tmp_path / "chromium.log") as browser:
+                missing = await said(browser, home, "error")
+                assert "needs a token" in missing and "/?token=TOKEN" in missing, missing
+                wrong = await said(browser, home + "?token=guess", "error")
+                assert "refused the token" in wrong and "wrong bearer token" in wrong, wrong
+                assert "Microphone" not in missing + wrong
+                await said(browser, home + "?token=s3cret-Token_42", "listening")
+
+    asyncio.run(main())

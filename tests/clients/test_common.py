@@ -63,6 +63,7 @@ def test_live_display_rewrites_one_partial_line_and_prints_finals_on_their_own()
     assert "[00:00.320 --> 00:01.600] turn the lights off\n" in screen
     assert screen.count("\n") == 1 and "…xxx" in screen
     assert err.getvalue() == "reconnecting\n"
+    assert d.finals == 1  # what `listen` counts when it stops: the finals with text
 
 
 def test_display_on_a_pipe_prints_finals_only() -> None:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import soundfile as sf
 
@@ -38,6 +39,7 @@ def wavs(tmp_path: Path) -> dict[str, Path]:
     spoken = tmp_path / "espeak.wav"
     subprocess.run(["espeak-ng", "-v", "en-us", "-w", str(spoken), SENTENCE], check=True)
     audio, rate = sf.read(str(spoken), dtype="float32")  # floats: written scaled in every format
+    audio = np.concatenate([audio, np.zeros(2 * rate, np.float32)])  # the utterance ends before the file
     out = {}
     for subtype in SUBTYPES:
         out[subtype] = tmp_path / subtype / "speech.wav"
@@ -71,5 +73,6 @@ def test_documented_example_reads_every_sample_format(tmp_path: Path, name: str)
         # lines of text; protocol.md's example also prints the `ready` message
         texts = {s: " ".join(line for line in o.splitlines() if not line.startswith("{")) for s, o in zip(SUBTYPES, outs)}
         assert texts == {s: SENTENCE for s in SUBTYPES}
+        assert not [o for o in outs if "" in o.splitlines()], "an example printed an empty final"
 
     asyncio.run(main())

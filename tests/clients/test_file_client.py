@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -276,3 +277,18 @@ def test_a_daemon_that_goes_away_mid_file_is_reported_and_the_finals_received_ar
     assert all(m.startswith(f"{path}: ") for m in status)
     line = json.loads(render(t, "jsonl", named=False))
     assert line["error"] == t.error and line["text"] == t.text
+
+
+def test_transcribe_files_passes_each_file_s_status_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What `streamd transcribe` runs: a file's reconnection and retry messages reach `on_status`
+    (they recursed into themselves: the CLI printed `maximum recursion depth exceeded` as the
+    file's error when its daemon went away, and no status at all)."""
+    async def one(path: str, options: Options, sent: Any) -> Transcript:
+        options.on_status(f"{path}: reconnecting")
+        return Transcript(path, 1.0, [])
+
+    monkeypatch.setattr("streamd.clients.file.transcribe_file", one)
+    seen: list[str] = []
+    done = asyncio.run(transcribe_files(["a.wav", "b.wav"], Options(on_status=seen.append), lambda t: None))
+    assert seen == ["a.wav: reconnecting", "b.wav: reconnecting"]
+    assert [t.error for t in done] == [None, None]

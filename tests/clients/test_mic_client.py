@@ -137,8 +137,10 @@ def test_listen_reconnects_when_the_daemon_restarts(tmp_path: Path) -> None:
                 port = int(url.rsplit(":", 1)[1])
                 proc, output = await listen(url, env)
                 await output.wait(lambda: output.count("listening to") == 1, 30)
-            # the daemon drained the stream and is gone: the client retries with backoff
+            # the daemon drained the stream and is gone: the client retries with backoff, and says
+            # what to start
             await output.wait(lambda: output.count("reconnecting in") >= 2, 30)
+            assert output.count("connection refused: is `streamd serve` running there?") >= 1, output.status
             restarted = dataclasses.replace(config(port=port), endpointing=cut_often())
             async with running(restarted) as (app, url):
                 received = PushRecorder(app)

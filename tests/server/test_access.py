@@ -117,6 +117,49 @@ def _get(url: str, path: str) -> int:
         return int(r.status)
 
 
+def _plain_get(url: str, path: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
+    """A GET without a websocket upgrade: (status, body)."""
+    import http.client
+
+    host, port = url.removeprefix("ws://").rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        conn.request("GET", path, headers=headers or {})
+        r = conn.getresponse()
+        return r.status, r.read().decode()
+    finally:
+        conn.close()
+
+
+def test_a_plain_get_of_a_stream_path_tells_what_a_handshake_would_get(tmp_path: Path) -> None:
+    """Browsers do not show why a websocket handshake failed, so the page asks first with a plain
+    GET of the stream path: 401 with no token or a wrong one (told apart), 403 for an origin not
+    allowed, 426 when a handshake would be let in. It opens nothing and takes no parked stream's
+    slot (it evicted the parked stream of a full daemon)."""
+    async def main() -> None:
+        async with running(config(token_file=token_file(tmp_path), max_streams=1, resume_grace_s=30.0)) as (app, url):
+            ws = await websockets.connect(url + "/v1/stream", additional_headers={"Authorization": f"Bearer {TOKEN}"})
+            await ws.send(START)
+            await ws.recv()
+            ws.transport.abort()
+            while app.state.sessions.parked != 1:
+                await asyncio.sleep(0.01)
+            own = {"Origin": url.replace("ws://", "http://")}
+            for path in ("/v1/stream", "/v1/realtime", "/v1/listen?encoding=linear16&sample_rate=16000"):
+                got = await asyncio.to_thread(_plain_get, url, path, own)
+                assert got[0] == 401 and got[1].startswith("no bearer token"), (path, got)
+                sep = "&" if "?" in path else "?"
+                got = await asyncio.to_thread(_plain_get, url, f"{path}{sep}token=wrong", own)
+                assert got == (401, "wrong bearer token\n"), (path, got)
+                got = await asyncio.to_thread(_plain_get, url, f"{path}{sep}token={TOKEN}", {"Origin": "http://evil.example"})
+                assert got[0] == 403, (path, got)
+                got = await asyncio.to_thread(_plain_get, url, f"{path}{sep}token={TOKEN}", own)
+                assert got == (426, "access granted: open this path with a websocket handshake\n"), (path, got)
+            assert app.state.sessions.parked == 1 and len(app.state.live) == 1  # nothing opened, nothing evicted
+
+    asyncio.run(main())
+
+
 def test_browser_origins() -> None:
     async def main() -> None:
         async with running(config()) as (app, url):

@@ -6,6 +6,7 @@ daemon's memory stays bounded."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import time
 from pathlib import Path
@@ -18,7 +19,7 @@ import websockets
 from daemon import config, running
 from streamd.engine.engine import Engine, EngineSession
 from streamd.server.front import READ_BYTES, RECEIVE_QUEUE
-from streamd.server.handler import Connection
+from streamd.server.handler import FEED_BYTES, Connection
 
 FLOOD_BYTES = 100 << 20
 PIECE = 256 << 10  # bytes per flood message (8 s of 16 kHz s16le)
@@ -123,9 +124,9 @@ def run(policy: str) -> tuple[list[float], float, int, list[dict[str, Any]], int
 
 
 # Documented bound (docs/protocol.md): per connection (RECEIVE_QUEUE + 1) x max_message_bytes of
-# websocket buffers plus one socket read, and max_backlog_s plus one message of float32 audio: about
-# 2.25 + 0.75 MiB here, 64 MiB allowed for the interpreter's own noise (the unbounded daemon grew
-# by 2.5 GB).
+# websocket buffers plus one socket read, the message being fed, and max_backlog_s plus one piece
+# of float32 audio: about 2.25 + 1 + 0.3 MiB here, 64 MiB allowed for the interpreter's own noise
+# (the unbounded daemon grew by 2.5 GB).
 RSS_BOUND_MIB = 64
 
 
@@ -144,15 +145,43 @@ def test_a_flooding_client_stalls_no_one(policy: str) -> None:
         assert not [m for m in messages if m["type"] == "error"]
 
 
-def test_a_paced_flooding_connection_holds_what_docs_say() -> None:
-    """docs/protocol.md, "Memory per connection": received messages not yet taken (at most
-    RECEIVE_QUEUE + 1 of max_message_bytes, plus one read of the socket) and the backlog as float32
-    (max_backlog_s plus the audio of the message that went over it). The connection's buffers are
-    sampled while a client floods messages of max_message_bytes (on the old code: 5 queued)."""
-    msg_bytes, backlog_s = 256 << 10, 4.0
-    msg_s = msg_bytes / 2 / 16000
-    bound = (RECEIVE_QUEUE + 1) * msg_bytes + READ_BYTES + (backlog_s + msg_s) * 16000 * 4
+def _held_by_handler(task: asyncio.Task[Any]) -> int:
+    """Bytes of messages (bytes, str, and the strings of a parsed event) that the frames of a
+    connection's handler hold, down its chain of awaits."""
+    seen: dict[int, int] = {}
+    coro: Any = task.get_coro()
+    while coro is not None and getattr(coro, "cr_frame", None) is not None:
+        for value in coro.cr_frame.f_locals.values():
+            for v in (value.values() if isinstance(value, dict) else (value,)):
+                if isinstance(v, (bytes, bytearray, str, memoryview)):
+                    seen[id(v)] = len(v)
+        coro = coro.cr_await
+    return sum(seen.values())
+
+
+FACES = {  # path, the client's first message, whether the server speaks first, a message of audio,
+    # its audio's bytes a second
+    "native": ("/v1/stream", START, True, lambda audio: audio, 32000),
+    "realtime": ("/v1/realtime", None, True, lambda audio: json.dumps(
+        {"type": "input_audio_buffer.append", "audio": base64.b64encode(audio).decode()}), 48000),
+    "deepgram": ("/v1/listen?encoding=linear16&sample_rate=16000", None, False, lambda audio: audio, 32000),
+}
+
+
+@pytest.mark.parametrize("face", FACES)
+def test_a_paced_flooding_connection_holds_what_docs_say(face: str) -> None:
+    """docs/protocol.md, "Memory per connection", on every face: received messages not yet taken
+    (at most RECEIVE_QUEUE + 1 of max_message_bytes, plus one read of the socket), the message
+    being fed (its audio), and the backlog as float32 (max_backlog_s plus one piece of
+    FEED_BYTES). The connection's buffers and what its handler holds are sampled while a client
+    floods messages of max_message_bytes (on the old code the backlog went over by a whole
+    message, and the Realtime face held the event's text, its parsed copy and its audio)."""
+    path, first, greets, wrap, rate_bytes = FACES[face]
+    msg_bytes, backlog_s = 512 << 10, 4.0
+    bound = ((RECEIVE_QUEUE + 1) * msg_bytes + READ_BYTES + msg_bytes
+             + (backlog_s + FEED_BYTES / rate_bytes) * 16000 * 4)
     assert RECEIVE_QUEUE + 1 == 2  # the documented figure
+    audio_bytes = msg_bytes if face != "realtime" else (msg_bytes - 100) // 4 * 3 // 2 * 2
     connections: list[Connection] = []
     init = Connection.__init__
 
@@ -162,14 +191,18 @@ def test_a_paced_flooding_connection_holds_what_docs_say() -> None:
 
     async def main() -> float:
         async with running(config(max_message_bytes=msg_bytes, max_backlog_s=backlog_s)) as (app, url):
-            piece = np.random.default_rng(1).normal(0, 3000, msg_bytes // 2).astype("<i2").tobytes()
-            async with websockets.connect(url + "/v1/stream", max_size=None) as ws:
-                await ws.send(START)
-                await ws.recv()
+            noise = np.random.default_rng(1).normal(0, 3000, audio_bytes // 2).astype("<i2").tobytes()
+            message = wrap(noise)
+            assert len(message) <= msg_bytes
+            async with websockets.connect(url + path, max_size=None) as ws:
+                if first is not None:
+                    await ws.send(first)
+                if greets:
+                    await ws.recv()
 
                 async def send() -> None:
                     while True:
-                        await ws.send(piece)
+                        await ws.send(message)
 
                 sender = asyncio.create_task(send())
                 peak = 0.0
@@ -177,8 +210,10 @@ def test_a_paced_flooding_connection_holds_what_docs_say() -> None:
                 while time.monotonic() - t0 < 4.0:
                     await asyncio.sleep(0.01)
                     conn, = app.front.connections
+                    task, = app.state.live
                     queued = sum(len(f.data) for f in conn.recv_messages.frames.queue)
-                    held = queued + len(conn.protocol.reader.buffer) + connections[0].session.backlog_s * 16000 * 4
+                    held = (queued + len(conn.protocol.reader.buffer) + _held_by_handler(task)
+                            + connections[0].session.backlog_s * 16000 * 4)
                     peak = max(peak, held)
                 assert app.state.metrics.registry.get_sample_value("streamd_backlog_events_total",
                                                                    {"action": "paced"})

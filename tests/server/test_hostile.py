@@ -124,8 +124,8 @@ def test_a_client_that_never_reads_is_closed_with_its_buffer_bounded(endpoint: s
 async def closed_after(host: str, port: int, drip: bytes, limit: float) -> float | None:
     """Connect and send `drip` one byte every 50 ms (never a whole request); the seconds until the
     server closed the connection, or None if it was still open after `limit` seconds."""
+    t0 = time.monotonic()  # before the connection: the server's timer starts when it accepts it
     reader, writer = await asyncio.open_connection(host, port)
-    t0 = time.monotonic()
     closed = asyncio.ensure_future(reader.read())  # ends at EOF or reset
     try:
         for byte in drip:

@@ -157,6 +157,25 @@ async function serverProblem() {
   return `The server takes no new streams now (${why}); try again later.`;
 }
 
+// Why this page may not open a stream (no token, a wrong one, an origin not allowed), or null.
+// Browsers do not show why a websocket handshake failed, so the page asks first with a plain GET
+// of the stream path, which answers what the handshake would get (docs/protocol.md, Access).
+async function accessProblem() {
+  let response;
+  try {
+    response = await fetch(streamUrl().replace(/^ws/, 'http'), {cache: 'no-store'});
+  } catch (e) {
+    return null;  // the handshake will tell
+  }
+  if (![400, 401, 403].includes(response.status)) return null;
+  const said = (await response.text()).trim();
+  if (response.status !== 401) return `The server refused this page (HTTP ${response.status}: ${said}).`;
+  return new URLSearchParams(location.search).get('token')
+    ? `The server refused the token in this page's address (${said}): open the page as /?token=TOKEN ` +
+      'with the token the server was started with.'
+    : `The server needs a token (${said}): open the page as /?token=TOKEN.`;
+}
+
 async function openMicrophone() {
   let media;
   try {
@@ -225,7 +244,7 @@ function onClose(event) {
 
 async function start() {
   setState('connecting', 'Checking the server…');
-  const problem = await serverProblem();
+  const problem = await serverProblem() || await accessProblem();
   if (problem) {
     setState('error', problem);
     return;
