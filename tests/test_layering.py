@@ -3,11 +3,15 @@
 `streamd.model` (the network, its checkpoint loader, feature front end and tokenizer) is the
 bottom: it imports nothing from `streamd.audio` (live features, PCM intake) or `streamd.decoding`
 (search). The clients speak only the wire protocol: nothing of the server, engine or model. A stream
-session (`streamd.session`) does no I/O: no sockets, tasks or threads, nothing of the server.
+session (`streamd.session`) does no I/O: no sockets, tasks or threads, nothing of the server. The
+session and a front-end process (the connections, their protocol faces) load no torch: what they
+know of the engine is in `streamd.engine.types`.
 """
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -45,10 +49,23 @@ def violations(layer: str, forbidden: tuple[str, ...]) -> dict[str, str]:
 @pytest.mark.parametrize(("layer", "forbidden"), [
     ("model", ("streamd.audio", "streamd.decoding", "streamd.engine", "streamd.server", "streamd.clients")),
     ("clients", ("streamd.server", "streamd.engine", "streamd.model", "streamd.decoding", "torch")),
-    ("session", ("streamd.server", "streamd.clients", "websockets", "asyncio", "threading", "socket")),
+    ("session", ("streamd.server", "streamd.clients", "websockets", "asyncio", "threading", "socket", "torch")),
 ])
 def test_no_upward_imports(layer: str, forbidden: tuple[str, ...]) -> None:
     assert violations(layer, forbidden) == {}
+
+
+# What a front-end process imports (server/worker.py) and the session layer: none may load torch.
+TORCH_FREE = ("streamd.engine.types", "streamd.session.core", "streamd.server.context", "streamd.server.handler",
+              "streamd.server.realtime", "streamd.server.deepgram", "streamd.server.front")
+
+
+@pytest.mark.parametrize("module", TORCH_FREE)
+def test_loads_no_torch(module: str) -> None:
+    """Importing the module (and everything it imports) leaves torch unloaded."""
+    code = f"import sys, {module}; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False", f"importing {module} loads torch"
 
 
 def test_the_check_sees_imports() -> None:

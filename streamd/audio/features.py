@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from streamd.engine.types import frames_ready
 from streamd.model.preprocessor import LogMel
 
 
@@ -90,17 +91,6 @@ class IncrementalLogMel:
         if seg is None:
             return torch.empty(self._logmel.dims.n_mels, 0)
         return torch.from_numpy(logmel_many(self._logmel, [seg])[0])
-
-
-def frames_ready(samples: int, ended: bool, hop: int, half: int) -> int:
-    """Mel frames of a live signal once `samples` samples have arrived (all of them, if it
-    `ended`: the offline count, samples // hop; before, a frame needs its whole window, `half`
-    samples either side of its centre). The engine counts with it too (`ChunkGeometry`)."""
-    if ended:
-        return samples // hop
-    if samples < half:
-        return 0
-    return min((samples - half) // hop + 1, samples // hop)
 
 
 def logmel_many(logmel: LogMel, segments: list[np.ndarray]) -> list[np.ndarray]:

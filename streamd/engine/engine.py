@@ -35,8 +35,9 @@ import torch
 from streamd.engine.migration import (HOT_S, IN_USE_S, MemoryGuard, MigrationFailed, MigrationReport, PreparedSteps,
                                       cut_over, placed_copy, placement, prepare_steps, stage_cache, target_bytes)
 from streamd.engine.placement import DTYPE_NAMES
-from streamd.engine.recognizer import ChunkResult, Launched, Recognizer
-from streamd.engine.stream import ChunkGeometry, Stream
+from streamd.engine.recognizer import Launched, Recognizer
+from streamd.engine.stream import Stream
+from streamd.engine.types import EngineSession, EngineStatus, ResultItem, Sink, StreamFailed
 from streamd.model.transducer import Transducer
 
 log = logging.getLogger("streamd.engine")
@@ -44,14 +45,6 @@ log = logging.getLogger("streamd.engine")
 StepObserver = Callable[[float, int], None]  # (seconds, batch size)
 STEP_POLL_S = 0.0005  # while a step runs on the device: how often the engine thread checks it
 GAP_WAIT_S = 3.0  # the most a migration waits for the first step after its cut-over (its serving gap)
-
-
-class StreamFailed(RuntimeError):
-    """The engine could not process this stream's audio (the step raised)."""
-
-
-ResultItem = ChunkResult | StreamFailed | None  # None: the stream is flushed and its slot free
-Sink = Callable[[list[tuple["EngineSession", ResultItem]]], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,21 +102,6 @@ Command = Open | Audio | End | Close | Call | Io | Stop
 StreamCommand = Audio | End | Close  # what a front end's bridge posts in bulk
 
 
-@dataclass(frozen=True)
-class EngineStatus:
-    """A snapshot of what serving needs to know of the engine (the event loop never reads
-    engine-thread objects for it; a front-end process gets it sent)."""
-
-    device: str
-    dtype: str
-    geometry: ChunkGeometry  # the model's time base and chunk size
-    capacity: int = 0  # stream slots
-    encoder: str = "eager"  # how the last step encoded: "graphs" or "eager"
-    decoder: str = "eager"  # how the last step decoded: "full_graph", "no_while_loops" or "eager"
-    cutting_over: bool = False  # a migration is swapping the model in: steps wait
-    eager_reason: str = ""  # why the last step encoded or decoded without CUDA graphs ('' when both used them)
-
-
 class IoSource(Protocol):
     """A non-blocking socket the engine thread serves between steps. `readable` and `writable`
     run on the engine thread when the selector says so; `wants_write` asks for `writable`."""
@@ -136,36 +114,6 @@ class IoSource(Protocol):
 
     @property
     def wants_write(self) -> bool: ...
-
-
-class EngineClient(Protocol):
-    """What serving streams needs of the engine: the `Engine` itself, or the handle a front-end
-    process has of it (`server/worker.py`)."""
-
-    @property
-    def status(self) -> EngineStatus: ...
-
-    async def open(self) -> EngineSession: ...
-
-    def push(self, session: EngineSession, samples: np.ndarray) -> None: ...
-
-    def end(self, session: EngineSession) -> None: ...
-
-    def close(self, session: EngineSession) -> None: ...
-
-
-@dataclass(eq=False)
-class EngineSession:
-    """Loop-side handle of one stream. `results` yields ChunkResults, then None when the stream
-    has been flushed (after `end`), or a StreamFailed. With a `sink`, results go there instead
-    (called on the engine thread with every item of one hand-over, in order)."""
-
-    results: asyncio.Queue[ResultItem] = field(default_factory=asyncio.Queue)
-    stream: Stream | None = None  # owned by the engine thread
-    closed: bool = False
-    sink: Sink | None = None
-    sid: int = -1  # the stream's number in its front-end process (bridged sessions)
-    in_flight: int = 0  # launched steps of this stream whose results are not delivered yet
 
 
 @dataclass

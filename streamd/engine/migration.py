@@ -33,10 +33,10 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 
-import numpy as np
 import torch
 
 from streamd.cuda_capture import DEVICE_LOCK
+from streamd.engine import probes
 from streamd.engine.encoder_step import EncoderStep
 from streamd.engine.placement import DTYPE_NAMES, move_model
 from streamd.engine.recognizer import Recognizer, Search
@@ -140,7 +140,7 @@ def placed_copy(master: Transducer, device: torch.device, dtype: torch.dtype,
             move_model(target, device, dtype)
         if probe is not None:
             with DEVICE_LOCK:
-                _probe(Recognizer(target, capacity=1, att_context=probe))
+                probes.silent_chunk(Recognizer(target, capacity=1, att_context=probe))
                 _synchronize(device)
     except BaseException:
         del target
@@ -241,18 +241,6 @@ def cut_over(rec: Recognizer, target: Transducer, staged: EncoderCache | None = 
         log.info("migration: source %s released in %.1f ms", device, (time.perf_counter() - t) * 1000)
 
     return (t2 - t0) * 1000, rec.active, release
-
-
-def _probe(rec: Recognizer) -> None:
-    """One silent chunk through encoder and decoder."""
-    s = rec.open()
-    try:
-        s.push_audio(np.zeros(rec.geometry.window * rec.geometry.hop, dtype=np.float32))
-        s.end()
-        while s.ready:
-            rec.step([s])
-    finally:
-        rec.close(s)
 
 
 def _synchronize(device: torch.device) -> None:

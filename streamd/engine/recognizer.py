@@ -13,7 +13,6 @@ import copy
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -25,8 +24,10 @@ from streamd.decoding.graphs import BucketedGraphDecoder, GraphGreedyLabelLoopin
 from streamd.decoding.greedy import BatchedHyps, GreedyLabelLooping
 from streamd.decoding.state import DecoderState
 from streamd.engine.encoder_step import EAGER, EncoderStep, make_encoder_step
-from streamd.engine.stream import ChunkGeometry, Stream
-from streamd.model.encoder import PRE_ENCODE_CACHE, EncoderCache
+from streamd.engine.stream import Stream
+from streamd.engine.types import CapacityError, ChunkGeometry, ChunkResult
+from streamd.model.dims import PRE_ENCODE_CACHE
+from streamd.model.encoder import EncoderCache
 from streamd.model.preprocessor import LogMel
 from streamd.model.transducer import Transducer
 
@@ -42,21 +43,6 @@ def eager_encoder(model: Transducer) -> EncoderStep:
 
 
 PART_ROWS = 1024  # streams per launched part of a GPU step (see `Recognizer`)
-
-
-class CapacityError(RuntimeError):
-    """Every slot is taken."""
-
-
-@dataclass
-class ChunkResult:
-    """One stream's outcome of one step: new labels with global encoder-frame times, and the
-    encoder frames [frame_start, frame_end) this step decoded. Plain data: it crosses processes."""
-
-    tokens: list[int]
-    times: list[int]
-    frame_start: int
-    frame_end: int
 
 
 class Recognizer:

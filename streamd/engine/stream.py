@@ -18,73 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from streamd.audio.features import frames_ready
-from streamd.model.dims import ModelDims
-from streamd.model.encoder import PRE_ENCODE_CACHE
-
-
-@dataclass(frozen=True)
-class ChunkGeometry:
-    """Step sizes and the time base of a model at right context `right` (R): `subsampling` (S)
-    mel frames per encoder frame, `hop` samples per mel frame at `sample_rate` Hz. Everything
-    that converts samples or frames to time reads it here (`of`: from the model's dims)."""
-
-    right: int
-    subsampling: int
-    hop: int
-    sample_rate: int
-    half_window: int = 256  # n_fft // 2: a mel frame's samples on either side of its centre
-
-    @classmethod
-    def of(cls, dims: ModelDims, right: int) -> ChunkGeometry:
-        f = dims.features
-        return cls(right, dims.subsampling_factor, f.hop_length, f.sample_rate, f.n_fft // 2)
-
-    @property
-    def n_fft(self) -> int:
-        return 2 * self.half_window
-
-    def frames_for(self, samples: int, ended: bool) -> int:
-        """Mel frames of a live stream once `samples` samples have arrived (`frames_ready`)."""
-        return frames_ready(samples, ended, self.hop, self.half_window)
-
-    def segment_samples(self, frames: int) -> int:
-        """Samples a step of `frames` new frames copies: their windows, one sample before
-        (pre-emphasis reads it) and nothing more."""
-        return (frames - 1) * self.hop + self.n_fft + 1
-
-    def samples_for(self, frames: int) -> int:
-        """Samples of a live stream after which its first `frames` mel frames all exist (the
-        signal goes on): the inverse of `frames_for`."""
-        return 0 if frames <= 0 else max((frames - 1) * self.hop + self.half_window, frames * self.hop)
-
-    def frames_after(self, steps: int) -> int:
-        """Mel frames the first `steps` full steps consume."""
-        return 0 if steps <= 0 else self.new_frames(True) + (steps - 1) * self.new_frames(False)
-
-    @property
-    def window(self) -> int:
-        """W: mel frames fed per step."""
-        return PRE_ENCODE_CACHE + self.subsampling * (self.right + 1)
-
-    def new_frames(self, first: bool) -> int:
-        """New mel frames a full step consumes."""
-        return 1 + self.subsampling * self.right if first else self.subsampling * (self.right + 1)
-
-    @property
-    def frame_ms(self) -> float:
-        """Milliseconds per encoder frame (80.0; exact whenever it is a whole number)."""
-        return self.hop * self.subsampling * 1000 / self.sample_rate
-
-    @property
-    def frame_seconds(self) -> float:
-        """Seconds per encoder frame (0.08): the unit of every time a result carries."""
-        return self.hop * self.subsampling / self.sample_rate
-
-    @property
-    def chunk_ms(self) -> int:
-        """Audio per full step: R+1 encoder frames (in whole ms, as the protocol's ``ready`` says)."""
-        return self.hop * self.subsampling * (self.right + 1) * 1000 // self.sample_rate
+from streamd.engine.types import ChunkGeometry
+from streamd.model.dims import PRE_ENCODE_CACHE
 
 
 @dataclass

@@ -4,6 +4,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+# Mel frames a streaming step keeps from the previous step to give the subsampling its context.
+PRE_ENCODE_CACHE = 9
+
 
 @dataclass(frozen=True)
 class FeatureDims:

@@ -12,9 +12,7 @@ from streamd.model.conformer import ConformerLayer
 from streamd.model.dims import ModelDims
 from streamd.model.subsampling import CausalSubsampling
 
-# Mel frames a streaming step keeps from the previous step to give the subsampling its context.
-PRE_ENCODE_CACHE = 9
-# Subsampled frames of those cached mel frames that a step drops again: 1 + (9 - 1) // 8.
+# Subsampled frames of the mel frames a step keeps (`dims.PRE_ENCODE_CACHE`) that it drops again: 1 + (9 - 1) // 8.
 DROP_EXTRA_PRE_ENCODED = 2
 
 

@@ -26,7 +26,7 @@ from streamd.config import AdminConfig
 from streamd.engine.migration import MigrationReport
 from streamd.engine.placement import parse_device, parse_dtype
 from streamd.errors import ConfigError, echo
-from streamd.server.handler import ServerState
+from streamd.server.context import ServerState
 from streamd.server.secrets import read_token
 
 log = logging.getLogger("streamd.admin")

@@ -7,8 +7,8 @@ audio (the chunk, the step in progress, its own step). So N streams keep real ti
 latency when a step of N x B / chunk_s streams takes at most B: N = b(B) x chunk_s / B, where
 b(B) is the largest batch whose step takes at most B = `utilization x chunk_s`.
 
-b(B) comes from measured step times: at warm-up :func:`probe` times steps of 1, 4, 16, ... up to
-`max_streams` streams on the serving device, dtype and chunk size; afterwards every live step
+b(B) comes from measured step times: at warm-up `engine.probes.capacity_probe` times steps of 1, 4,
+16, ... up to `max_streams` streams on the serving device, dtype and chunk size; afterwards every live step
 (its seconds and batch size, from the engine's step observer) moves the time of its batch-size
 bucket (an exponential moving average), so the estimate follows the load, a migration or a busy
 machine. Between buckets the step time is interpolated linearly (extrapolated past the largest).
@@ -19,13 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-import time
 from collections.abc import Callable
-
-import numpy as np
-import torch
-
-from streamd.engine.recognizer import Recognizer
 
 log = logging.getLogger("streamd.server")
 ALPHA = 0.05  # weight of one live step in its bucket's average
@@ -40,34 +34,6 @@ def probe_sizes(max_streams: int) -> list[int]:
         sizes.append(n)
         n *= PROBE_GROWTH
     return sizes + [max_streams]
-
-
-def probe(rec: Recognizer, sizes: list[int], seed: int = 0) -> list[tuple[int, float]]:
-    """Time one steady-state step (a stream's second) of each batch size; runs on the engine
-    thread (`Engine.call`) before any client is served. Noise stands in for speech. Stops at the
-    first size that runs out of GPU memory (the graph warm-up may have left too little for the
-    largest batches): the start goes on with the sizes measured."""
-    chunk_s = rec.geometry.chunk_ms / 1000
-    audio = (np.random.default_rng(seed).standard_normal(int(rec.geometry.sample_rate * (3 * chunk_s + 0.5))) * 0.1).astype(np.float32)
-    out = []
-    for n in sizes:
-        streams = [rec.open() for _ in range(n)]
-        try:
-            for s in streams:
-                s.push_audio(audio)
-            rec.step([s for s in streams if s.ready])  # the first step has another shape
-            ready = [s for s in streams if s.ready]
-            t0 = time.perf_counter()
-            rec.step(ready)
-            out.append((len(ready), time.perf_counter() - t0))
-        except torch.OutOfMemoryError:
-            log.warning("capacity probe stopped at %d streams: out of GPU memory", n)
-            torch.cuda.empty_cache()
-            break
-        finally:
-            for s in streams:
-                rec.close(s)
-    return out
 
 
 class Capacity:

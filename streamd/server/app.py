@@ -20,16 +20,17 @@ from streamd.errors import StreamdError
 from streamd.decoding.graphs import EAGER, make_decoder
 from streamd.engine.encoder_step import GRAPHS, make_encoder_step
 from streamd.engine.migration import placed_copy
+from streamd.engine.probes import capacity_probe
 from streamd.engine.placement import DTYPE_NAMES, parse_device, parse_dtype
 from streamd.engine.recognizer import PART_ROWS, Recognizer
 from streamd.engine.engine import Engine
 from streamd.model.checkpoint import load_model, resolve_model_path
 from streamd.protocol import STREAM_PATH
 from streamd.server.admin import AdminServer, Control
-from streamd.server.admission import Capacity, probe, probe_sizes
+from streamd.server.admission import Capacity, probe_sizes
 from streamd.server.front import Front
 from streamd.server.frontends import FrontEnds
-from streamd.server.handler import ServerState
+from streamd.server.context import ServerState
 from streamd.server.heap import freeze_startup_heap
 from streamd.server.metrics import Metrics
 from streamd.server.reload import describe, merge, set_log_level
@@ -104,7 +105,7 @@ async def measure_capacity(state: ServerState) -> None:
     measured (and exported) even when `admission = "max_streams"` does not enforce it."""
     if state.capacity is not None:
         sizes = probe_sizes(state.config.server.max_streams)
-        state.capacity.seed(await state.engine.call(lambda rec: probe(rec, sizes)))
+        state.capacity.seed(await state.engine.call(lambda rec: capacity_probe(rec, sizes)))
 
 
 class App:

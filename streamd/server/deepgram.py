@@ -36,7 +36,8 @@ from websockets.http11 import Response
 from streamd import protocol as p
 from streamd.config import MAX_ENDPOINT_MS
 from streamd.errors import SessionExpired, SlowConsumer, StreamdError, echo
-from streamd.server.handler import Connection, StreamContext
+from streamd.server.context import StreamContext
+from streamd.server.handler import Connection
 from streamd.server.http import response
 from streamd.server.realtime import G711
 from streamd.session.core import Result

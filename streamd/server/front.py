@@ -21,7 +21,8 @@ from streamd.config import Config
 from streamd.protocol import LISTEN_PATH, REALTIME_PATH, STREAM_PATH
 from streamd.server.access import Access
 from streamd.server.deepgram import ListenConnection, listen_refusal
-from streamd.server.handler import Connection, StreamContext
+from streamd.server.context import StreamContext
+from streamd.server.handler import Connection
 from streamd.server.http import GuardedConnection, quiet_client_handshake_faults, response, without_body
 from streamd.server.metrics import CONTENT_TYPE
 from streamd.server.realtime import RealtimeConnection

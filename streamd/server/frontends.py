@@ -37,9 +37,11 @@ from typing import Any
 import numpy as np
 
 from streamd.config import Config
-from streamd.engine.engine import Close, End, EngineSession, EngineStatus, ResultItem, StreamCommand, StreamFailed
+from streamd.engine.engine import Close, End, StreamCommand
+from streamd.engine.types import EngineSession, EngineStatus, ResultItem, StreamFailed
 from streamd.server.channel import NonBlockingEnd, socket_pair
-from streamd.server.handler import Census, ServerState
+from streamd.server.census import Census
+from streamd.server.context import ServerState
 
 log = logging.getLogger("streamd.server")
 START_TIMEOUT_S = 120.0  # a front end imports torch and websockets before it listens

@@ -9,173 +9,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
 
-from streamd.config import Config
-from streamd.model.tokenizer import Tokenizer
-from streamd.engine.recognizer import CapacityError
-from streamd.engine.engine import Engine, EngineClient, EngineSession, StreamFailed
-from streamd.engine.stream import ChunkGeometry
-from streamd.model.transducer import Transducer
+from streamd.engine.types import CapacityError, EngineSession, StreamFailed
 from streamd.errors import (BacklogExceeded, IdleTimeout, InternalError, Overloaded, SessionExpired, SlowConsumer,
                             StreamdError)
 from streamd import protocol as p
-from streamd.server.admission import Capacity
-from streamd.server.metrics import Metrics
-from streamd.server.resume import Attach, ResumeState, Sessions, log_name, session_id_of
+from streamd.server.context import StreamContext
+from streamd.server.resume import Attach, ResumeState, log_name, session_id_of
 from streamd.session.core import End, Open, Result, Segment, StreamSession
 
 log = logging.getLogger("streamd.server")
 # Audio bytes fed to a session at a time: a paced stream's backlog passes max_backlog_s by at most
 # this much (1 s of 16 kHz s16le; 4 s of 8 kHz G.711), not by a whole message.
 FEED_BYTES = 32 << 10
-
-
-class Census:
-    """Every front-end process's streams, in shared memory: process i writes index i of each
-    array. `slots`: its open streams; `parked`: those parked (their slots go to new streams);
-    `evicted`: those evicted for a new stream, not ended yet; `parked_since`: when its stream
-    parked longest was parked (`time.monotonic`, one clock for the host; inf if none)."""
-
-    def __init__(self, ctx: Any, workers: int) -> None:
-        self.slots = ctx.Array("i", workers, lock=False)
-        self.parked = ctx.Array("i", workers, lock=False)
-        self.evicted = ctx.Array("i", workers, lock=False)
-        self.parked_since = ctx.Array("d", [math.inf] * workers, lock=False)
-
-    def set(self, index: int, streams: int, sessions: Sessions | None = None) -> None:
-        """Process `index` holds `streams` open streams, and `sessions` (none: nothing parked)."""
-        self.slots[index] = streams
-        self.parked[index] = sessions.parked if sessions is not None else 0
-        self.evicted[index] = sessions.evicted if sessions is not None else 0
-        self.parked_since[index] = sessions.parked_since if sessions is not None else math.inf
-
-    def total(self) -> int:
-        return int(sum(self.slots))
-
-    def parked_total(self) -> int:
-        return int(sum(self.parked))
-
-    def evicted_total(self) -> int:
-        return int(sum(self.evicted))
-
-    def parked_longest(self) -> int | None:
-        """The process holding the stream parked longest; None if none is parked."""
-        held = [i for i in range(len(self.parked)) if self.parked[i] > 0]
-        return min(held, key=lambda i: self.parked_since[i]) if held else None
-
-
-@dataclass
-class StreamContext:
-    """What every connection of one process shares: the engine's own process, or a front-end
-    process (`server/worker.py`)."""
-
-    config: Config
-    engine: EngineClient
-    tokenizer: Tokenizer
-    metrics: Metrics
-    model_name: str
-    shutdown: asyncio.Event = field(default_factory=asyncio.Event)
-    live: set[asyncio.Task[None]] = field(default_factory=set)
-    draining: bool = False  # admin drain: no new streams, live ones go on
-    census: Census | None = None  # with front-end processes: the daemon's streams
-    evict_elsewhere: Callable[[], None] | None = None  # a front end: ask the engine's process to evict
-    census_slot: int = 0  # this process's slot in `census`
-    listeners: list[Callable[[], None]] = field(default_factory=list)  # told of `changed()`
-    sessions: Sessions = field(default_factory=lambda: Sessions(0.0))  # resumable streams (resume.py)
-    capacity: Capacity | None = None  # admission by measured capacity (admission.py), engine's process
-    published: tuple[int, int | None] | None = None  # a front end: (limit, estimate) the engine's process sent
-    handoff_hooks: list[Callable[[], int]] = field(default_factory=list)  # front ends: hand their streams off
-
-    def __post_init__(self) -> None:
-        self.sessions.on_change = self.count_live
-
-    @property
-    def device(self) -> str:
-        return self.engine.status.device
-
-    @property
-    def dtype(self) -> str:
-        return self.engine.status.dtype
-
-    @property
-    def cutting_over(self) -> bool:
-        """A migration is swapping the model in (the engine's status says)."""
-        return self.engine.status.cutting_over
-
-    @property
-    def geometry(self) -> ChunkGeometry:
-        return self.engine.status.geometry
-
-    @property
-    def chunk_ms(self) -> int:
-        return self.engine.status.geometry.chunk_ms
-
-    def admission(self) -> tuple[int, int | None]:
-        """(streams admitted, the real-time capacity estimate): min(max_streams, the estimate) with
-        admission by capacity (streamd.server.admission), else max_streams."""
-        if self.capacity is not None:
-            return self.capacity.limit, self.capacity.estimate
-        if self.published is not None:
-            return self.published
-        return self.config.server.max_streams, None
-
-    def streams(self) -> int:
-        """Open streams of the whole daemon."""
-        return self.census.total() if self.census is not None else len(self.live)
-
-    def parked(self) -> int:
-        """Parked streams of the whole daemon."""
-        return self.census.parked_total() if self.census is not None else self.sessions.parked
-
-    def reclaimable(self) -> int:
-        """Streams of the whole daemon whose slot a new stream may take: parked, or evicted and
-        ending now."""
-        if self.census is None:
-            return self.sessions.reclaimable
-        return self.census.parked_total() + self.census.evicted_total()
-
-    def make_room(self, others: int) -> None:
-        """A new stream needs a slot beside `others` open streams: unless the evicted streams
-        ending now make enough room, end the stream parked longest in the daemon (front ends: the
-        engine's process has the one that holds it evict it, `server/frontends.py`)."""
-        evicted = self.census.evicted_total() if self.census is not None else self.sessions.evicted
-        if others - evicted < self.admission()[0]:
-            return
-        if self.evict_elsewhere is not None:
-            self.evict_elsewhere()
-        else:
-            self.sessions.evict()
-
-    def count_live(self) -> None:
-        """Publish this process's open and parked streams (after `live` or `sessions` changed)."""
-        if self.census is not None:
-            self.census.set(self.census_slot, len(self.live), self.sessions)
-
-    def hand_off(self) -> int:
-        """Close every live stream with the handoff code, for its client to resume it elsewhere
-        (this process's and every front end's); returns how many."""
-        return self.sessions.handoff() + sum(hook() for hook in self.handoff_hooks)
-
-    def changed(self) -> None:
-        """Draining, cutting over, device or dtype changed: tell the listeners (front ends)."""
-        for notify in self.listeners:
-            notify()
-
-
-@dataclass
-class ServerState(StreamContext):
-    """The engine's process: the engine itself and the weights every placement is made from."""
-
-    engine: Engine = field(kw_only=True)
-    master: Transducer = field(kw_only=True)  # fp32 CPU weights as loaded
 
 
 @dataclass(eq=False)

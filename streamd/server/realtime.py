@@ -29,7 +29,8 @@ from websockets.exceptions import ConnectionClosed
 from streamd.config import MAX_ENDPOINT_MS
 from streamd.errors import MAX_ECHO_CHARS, SessionExpired, SlowConsumer, StreamdError, echo
 from streamd import protocol as p
-from streamd.server.handler import Connection, StreamContext
+from streamd.server.context import StreamContext
+from streamd.server.handler import Connection
 from streamd.session.core import Result
 
 log = logging.getLogger("streamd.server")

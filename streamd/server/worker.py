@@ -21,15 +21,13 @@ import numpy as np
 
 from streamd import log as logsetup
 from streamd.config import Config
-from streamd.engine.stream import ChunkGeometry
+from streamd.engine.types import CapacityError, ChunkGeometry, ChunkResult, EngineSession, EngineStatus, StreamFailed
 from streamd.model.tokenizer import Tokenizer
-from streamd.engine.recognizer import CapacityError, ChunkResult
-from streamd.engine.engine import EngineSession, EngineStatus, StreamFailed
 from streamd.server.channel import BlockingEnd
 from streamd.server.front import Front
 from streamd.server.frontends import Message, WorkerSpec, listening_socket
 from streamd.server.heap import freeze_startup_heap
-from streamd.server.handler import StreamContext
+from streamd.server.context import StreamContext
 from streamd.server.metrics import Metrics
 from streamd.server.reload import set_log_level
 from streamd.server.resume import Sessions

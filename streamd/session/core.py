@@ -19,8 +19,7 @@ from streamd import protocol as p
 from streamd.audio.activity import Activity
 from streamd.audio.pcm import PcmDecoder, Samples
 from streamd.config import EndpointingConfig, GateConfig
-from streamd.engine.recognizer import ChunkResult
-from streamd.engine.stream import ChunkGeometry
+from streamd.engine.types import ChunkGeometry, ChunkResult
 from streamd.model.tokenizer import Tokenizer
 from streamd.session.endpoint import EndpointRule
 from streamd.session.utterances import Utterance, UtteranceTracker

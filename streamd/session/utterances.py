@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from streamd.config import EndpointingConfig
 from streamd.session.endpoint import Endpointer, EndpointRule
-from streamd.engine.recognizer import ChunkResult
+from streamd.engine.types import ChunkResult
 
 REASONS = {EndpointRule.SILENCE_AFTER_SPEECH: "endpoint", EndpointRule.MAX_UTTERANCE: "max_utterance"}
 

@@ -16,7 +16,7 @@ from streamd.decoding.greedy import GreedyLabelLooping
 from streamd.buckets import bucket_size
 from streamd.engine.encoder_step import EAGER, GRAPHS, EncoderGraphBackend, EncoderGraphKey, EncoderStep
 from streamd.engine.recognizer import Recognizer
-from streamd.engine.stream import ChunkGeometry
+from streamd.engine.types import ChunkGeometry
 from streamd.model.encoder import EncoderCache
 from streamd.model.transducer import Transducer
 

@@ -256,7 +256,8 @@ def test_a_stream_takes_exactly_the_padded_signal_whatever_its_pieces(right: int
     from the slot's row: equal to the offline padded signal for any piece sizes, with a row so
     small that it is compacted and pieces wait in the stream; at the end, the samples past the
     signal are not counted as real."""
-    from streamd.engine.stream import ChunkGeometry, Stream
+    from streamd.engine.stream import Stream
+    from streamd.engine.types import ChunkGeometry
 
     g = ChunkGeometry.of(random_model().dims, right)
     rng = np.random.default_rng(right)

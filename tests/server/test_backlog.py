@@ -17,7 +17,8 @@ import pytest
 import websockets
 
 from daemon import config, running
-from streamd.engine.engine import Engine, EngineSession
+from streamd.engine.engine import Engine
+from streamd.engine.types import EngineSession
 from streamd.server.front import READ_BYTES, RECEIVE_QUEUE
 from streamd.server.handler import FEED_BYTES, Connection
 

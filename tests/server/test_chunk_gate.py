@@ -8,7 +8,7 @@ import pytest
 
 from helpers import random_model
 from streamd.audio.features import IncrementalLogMel
-from streamd.engine.stream import ChunkGeometry
+from streamd.engine.types import ChunkGeometry
 from streamd.server.worker import ChunkGate
 
 

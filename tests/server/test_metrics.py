@@ -4,7 +4,7 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from streamd.config import EndpointingConfig
-from streamd.engine.recognizer import ChunkResult
+from streamd.engine.types import ChunkResult
 from streamd.session.utterances import UtteranceTracker
 from streamd.server.metrics import CONTENT_TYPE, MIGRATION_RESULTS, REJECTION_REASONS, Metrics
 

@@ -73,6 +73,7 @@ def test_migrations_mid_stream_lose_nothing(tmp_path: Path) -> None:
 def test_failed_migrations_roll_back_and_streams_continue(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     sock = tmp_path / "admin.sock"
     import streamd.engine.migration as migration
+    import streamd.engine.probes as probes
 
     async def main() -> None:
         async with running(config(admin=AdminConfig(socket=sock))) as (app, url):
@@ -97,13 +98,13 @@ def test_failed_migrations_roll_back_and_streams_continue(tmp_path: Path, monkey
             def probe_fails(rec: Any) -> None:
                 raise RuntimeError("simulated: first step on the target failed")
 
-            real_probe = migration._probe
+            real_probe = probes.silent_chunk
 
-            monkeypatch.setattr(migration, "_probe", probe_fails)
+            monkeypatch.setattr(probes, "silent_chunk", probe_fails)
             status, body = await admin(sock, "POST", "/v1/migrate", {"dtype": "bf16"})
             assert status == 409 and "first step" in body["migration"]["error"]
             assert body["dtype"] == "fp32"
-            monkeypatch.setattr(migration, "_probe", real_probe)
+            monkeypatch.setattr(probes, "silent_chunk", real_probe)
 
             real_state = Recognizer.state_tensors
 

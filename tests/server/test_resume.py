@@ -26,7 +26,7 @@ from streamd.admin_client import request
 from streamd.clients.resume import ReplayBuffer, ResumingStream
 from streamd.config import AdminConfig
 from streamd.protocol import Final, Start
-from streamd.server.handler import Census
+from streamd.server.census import Census
 from test_daemon import WAVS, pcm_of
 
 START = Start(sample_rate=16000, encoding="s16le", interim_results=False, word_times=True)

@@ -7,7 +7,7 @@ import pytest
 
 from streamd.config import EndpointingConfig
 from streamd.session.endpoint import Endpointer, EndpointRule
-from streamd.engine.stream import ChunkGeometry
+from streamd.engine.types import ChunkGeometry
 from streamd.model.dims import ModelDims
 from streamd.server.metrics import ENDPOINT_RULES
 

@@ -10,8 +10,8 @@ import pytest
 from helpers import fixture_model
 from streamd import protocol as p
 from streamd.config import EndpointingConfig
-from streamd.engine.recognizer import ChunkResult
-from streamd.engine.stream import ChunkGeometry
+from streamd.engine.types import ChunkResult
+from streamd.engine.types import ChunkGeometry
 from streamd.errors import ProtocolViolation
 from streamd.session.core import End, Open, Push, Segment, StreamSession
 from streamd.session.endpoint import EndpointRule

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from streamd.config import EndpointingConfig
-from streamd.engine.recognizer import ChunkResult
+from streamd.engine.types import ChunkResult
 from streamd.session.utterances import UtteranceTracker
 
 
