@@ -19,11 +19,17 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "streamd"
 
 
-def imported_modules(source: str, package: str) -> list[tuple[int, str]]:
-    """(line, module) of every import in a module's source, at any depth (TYPE_CHECKING and
-    function-level imports included); relative imports are resolved against `package`."""
+def imported_modules(source: str, package: str, typing_only: bool = True) -> list[tuple[int, str]]:
+    """(line, module) of every import in a module's source, at any depth (function-level imports
+    included, and TYPE_CHECKING ones unless `typing_only` is False); relative imports are
+    resolved against `package`."""
     out: list[tuple[int, str]] = []
-    for node in ast.walk(ast.parse(source)):
+    tree = ast.parse(source)
+    if not typing_only:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                node.body = []
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             out += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -57,7 +63,8 @@ def test_no_upward_imports(layer: str, forbidden: tuple[str, ...]) -> None:
 
 # What a front-end process imports (server/worker.py) and the session layer: none may load torch.
 TORCH_FREE = ("streamd.engine.types", "streamd.session.core", "streamd.server.context", "streamd.server.handler",
-              "streamd.server.realtime", "streamd.server.deepgram", "streamd.server.front")
+              "streamd.server.realtime", "streamd.server.deepgram", "streamd.server.front", "streamd.server.link",
+              "streamd.server.worker")
 
 
 @pytest.mark.parametrize("module", TORCH_FREE)
@@ -66,6 +73,34 @@ def test_loads_no_torch(module: str) -> None:
     code = f"import sys, {module}; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False", f"importing {module} loads torch"
+
+
+def import_cycles() -> list[list[str]]:
+    """The sets of streamd modules that import each other at run time (TYPE_CHECKING imports do
+    not count), each sorted; strongly connected components of the import graph."""
+    modules: dict[str, Path] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        found = imported_modules(path.read_text(), package, typing_only=False)
+        graph[name] = {m for _, m in found if m in modules and m != name}
+    reach = {name: set() for name in graph}  # modules reachable from each (a few hundred: plain search)
+    for name in graph:
+        todo = list(graph[name])
+        while todo:
+            m = todo.pop()
+            if m not in reach[name]:
+                reach[name].add(m)
+                todo += graph[m]
+    cycles = {tuple(sorted({name} | {m for m in reach[name] if name in reach[m]})) for name in graph if name in reach[name]}
+    return sorted(list(c) for c in cycles)
+
+
+def test_no_import_cycles() -> None:
+    assert import_cycles() == []
 
 
 def test_the_check_sees_imports() -> None:

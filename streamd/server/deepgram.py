@@ -277,17 +277,17 @@ class ListenConnection(Connection):
             return False
         try:
             message = _parse(data)
-            kind = message.get("type")
-            if kind == "CloseStream":
+            message_type = message.get("type")
+            if message_type == "CloseStream":
                 return True
-            if kind == "Finalize":
+            if message_type == "Finalize":
                 if message.get("channel", 0) != 0:
                     raise ListenError("SchemaError", f"Finalize channel must be 0 (streamd transcribes one "
                                       f"channel), got {echo(message.get('channel'))}", data[:200])
                 self.session.finalize()
                 await self._run_commands()
-            elif kind != "KeepAlive":
-                raise ListenError("SchemaError", f"unknown message type {echo(kind)}; streamd takes KeepAlive, "
+            elif message_type != "KeepAlive":
+                raise ListenError("SchemaError", f"unknown message type {echo(message_type)}; streamd takes KeepAlive, "
                                   "Finalize and CloseStream (and binary audio)", data[:200])
         except ListenError as e:
             await self._error(e)

@@ -12,16 +12,8 @@ Each front end writes its open and parked streams to a `Census` in shared memory
 process reads for admission: a new stream takes the slot of the stream parked longest in any
 front end (the engine's process routes the eviction, below).
 
-Messages are lists of tuples; worker -> engine:
-  ("open", sid) ("audio", [sid], [samples per sid], float32 samples of all, in order)
-  ("end", sid) ("close", sid)
-  ("metrics", families) ("metrics_text", request) ("up", pid)
-  ("evict",): a new stream needs the slot of the daemon's stream parked longest
-engine -> worker:
-  ("opened", sid, error or None) ("result", sid, tokens, times, frame_start, frame_end)
-  ("failed", sid, message) ("done", sid) ("metrics_text", request, bytes) ("handoff",) ("shutdown",)
-  ("evict",): end your stream parked longest (it is the daemon's)
-  ("status", EngineStatus, draining, (admitted streams, capacity estimate)) ("config", Config)
+The channel's messages, the spec a front end starts from and the shared port are in
+`server/link.py`.
 """
 from __future__ import annotations
 
@@ -31,39 +23,22 @@ import multiprocessing
 import socket
 from concurrent.futures import Future
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
 
 from streamd.config import Config
 from streamd.engine.engine import Close, End, StreamCommand
-from streamd.engine.types import EngineSession, EngineStatus, ResultItem, StreamFailed
+from streamd.engine.types import EngineSession, ResultItem, StreamFailed
 from streamd.server.channel import NonBlockingEnd, socket_pair
 from streamd.server.census import Census
 from streamd.server.context import ServerState
+from streamd.server.link import (CloseStream, Done, EndStream, Evict, Failed, FrontMetrics, Handoff, MetricsRequest,
+                                 MetricsText, NeedRoom, Opened, OpenStream, Reconfigure, Results, Shutdown, Status,
+                                 StreamAudio, ToEngine, ToFront, Up, WorkerSpec, reserve_port)
+from streamd.server.worker import run
 
 log = logging.getLogger("streamd.server")
-START_TIMEOUT_S = 120.0  # a front end imports torch and websockets before it listens
+START_TIMEOUT_S = 120.0  # a front end imports the server and websockets (no torch) before it listens
 STOP_TIMEOUT_S = 5.0
 PUBLISH_S = 0.5  # how often a changed status (the admission estimate moves with step times) goes out
-Message = tuple[Any, ...]
-
-
-@dataclass
-class WorkerSpec:
-    """Everything a front-end process starts from (pickled to it by `spawn`)."""
-
-    index: int
-    sock: socket.socket  # the front end's end of the channel
-    config: Config
-    tokenizer: bytes  # the SentencePiece model proto
-    model_name: str
-    status: EngineStatus
-    census: Census
-    port: int
-    log_level: str
-    log_format: str
 
 
 class Bridge:
@@ -99,30 +74,32 @@ class Bridge:
             self._lost()
 
     # -- front end -> engine (engine thread) -----------------------------------------------------
-    def _apply(self, messages: list[Message]) -> None:
+    def _apply(self, messages: list[ToEngine]) -> None:
         engine = self.state.engine
         batch: list[StreamCommand] = []
         for m in messages:
-            kind = m[0]
-            if kind == "audio":  # the queued audio of its streams: one array, cut here, taken now
-                for sid, samples in zip(m[1], np.split(m[3], np.cumsum(m[2][:-1]))):
+            match m:
+                case StreamAudio():  # the queued audio of its streams: one array, cut here, taken now
+                    for sid, samples in m.pieces():
+                        if (s := self.sessions.get(sid)) is not None:
+                            engine.take_audio(s, samples)
+                case EndStream(sid):
                     if (s := self.sessions.get(sid)) is not None:
-                        engine.take_audio(s, samples)
-            elif kind == "end" or kind == "close":
-                s = self.sessions.get(m[1]) if kind == "end" else self.sessions.pop(m[1], None)
-                if s is not None:
-                    s.closed = s.closed or kind == "close"
-                    batch.append(End(s) if kind == "end" else Close(s))
-            elif kind == "open":
-                self._open(m[1])
-            elif kind == "metrics":
-                self.state.metrics.set_remote(self.index, m[1])
-            elif kind == "metrics_text":  # rendered on the event loop, not between steps
-                self._loop.call_soon_threadsafe(self._render_metrics, m[1])
-            elif kind == "evict":
-                self._on_evict()
-            elif kind == "up":
-                self.up.set_result(m[1])
+                        batch.append(End(s))
+                case CloseStream(sid):
+                    if (s := self.sessions.pop(sid, None)) is not None:
+                        s.closed = True
+                        batch.append(Close(s))
+                case OpenStream(sid):
+                    self._open(sid)
+                case FrontMetrics(families):
+                    self.state.metrics.set_remote(self.index, families)
+                case MetricsRequest(request):  # rendered on the event loop, not between steps
+                    self._loop.call_soon_threadsafe(self._render_metrics, request)
+                case NeedRoom():
+                    self._on_evict()
+                case Up(pid):
+                    self.up.set_result(pid)
         if batch:
             engine.post_many(batch)
 
@@ -135,12 +112,12 @@ class Bridge:
             if err is not None:
                 self.sessions.pop(sid, None)
             if not self.gone:
-                self.channel.send([("opened", sid, None if err is None else str(err))])
+                self.channel.send([Opened(sid, None if err is None else str(err))])
 
         self.state.engine.open_session(session).add_done_callback(opened)
 
     def _render_metrics(self, request: int) -> None:
-        self.post([("metrics_text", request, self.state.metrics.render())])
+        self.post([MetricsText(request, self.state.metrics.render())])
 
     def _lost(self) -> None:
         """The front end exited (or its channel broke): its streams' slots are freed."""
@@ -169,19 +146,21 @@ class Bridge:
     # -- engine -> front end ---------------------------------------------------------------------
     def _deliver(self, items: list[tuple[EngineSession, ResultItem]]) -> None:
         """The engine's sink for this front end's sessions (on the engine thread)."""
-        out: list[Message] = []
+        results = Results([], [])
+        ended: list[ToFront] = []  # after the results: a stream's last result comes before its end
         for s, item in items:
             if item is None:
-                out.append(("done", s.sid))
+                ended.append(Done(s.sid))
                 self.sessions.pop(s.sid, None)
             elif isinstance(item, StreamFailed):
-                out.append(("failed", s.sid, str(item)))
+                ended.append(Failed(s.sid, str(item)))
             else:
-                out.append(("result", s.sid, item.tokens, item.times, item.frame_start, item.frame_end))
+                results.sids.append(s.sid)
+                results.chunks.append((item.tokens, item.times, item.frame_start, item.frame_end))
         if not self.gone:
-            self.channel.send(out)
+            self.channel.send(([results] if results.sids else []) + ended)
 
-    def post(self, messages: list[Message]) -> None:
+    def post(self, messages: list[ToFront]) -> None:
         """Send `messages` to the front end (from any thread: the engine thread writes them at
         its next turn, also while a step is in flight)."""
         self.state.engine.run_soon(lambda: None if self.gone else self.channel.send(messages))
@@ -220,10 +199,8 @@ class FrontEnds:
 
     async def _spawn(self, index: int) -> Bridge:
         """Start front end `index`. `Process.start` runs in a thread: it writes the spec to the
-        child, which reads it only after importing streamd and torch (seconds), so on the event
+        child, which reads it only after importing the server (a second or more), so on the event
         loop it would hold up /metrics, the admin socket and everything else meanwhile."""
-        from streamd.server.worker import run  # the front end's entry point (it imports this module)
-
         cfg = self.state.config
         ours, theirs = socket_pair()
         spec = WorkerSpec(index, theirs, cfg, self.state.tokenizer.model_proto, self.state.model_name,
@@ -253,7 +230,7 @@ class FrontEnds:
         stream parked longest ends it."""
         index = self.census.parked_longest()
         if index is not None and not (bridge := self.bridges[index]).gone:
-            bridge.channel.send([("evict",)])
+            bridge.channel.send([Evict()])
 
     def _replace(self, bridge: Bridge) -> None:
         if self._stopping or self.bridges[bridge.index] is not bridge:
@@ -267,12 +244,11 @@ class FrontEnds:
         if not self._stopping and self.bridges[bridge.index] is bridge:
             self.bridges[bridge.index] = await self._spawn(bridge.index)
 
-    def _status(self) -> Message:
-        return ("status", self.state.engine.status, self.state.draining,
-                self.state.admission())
+    def _status(self) -> Status:
+        return Status(self.state.engine.status, self.state.draining, self.state.admission())
 
     async def _publish_changes(self) -> None:
-        last: Message = ()
+        last: Status | None = None
         while True:
             if (now := self._status()) != last:
                 self.publish()
@@ -282,7 +258,7 @@ class FrontEnds:
     def hand_off(self) -> int:
         """Every front end closes its streams with the handoff code; returns how many were open."""
         for b in self.bridges:
-            b.post([("handoff",)])
+            b.post([Handoff()])
         return self.census.total()
 
     def publish(self) -> None:
@@ -294,7 +270,7 @@ class FrontEnds:
     def configure(self, config: Config) -> None:
         """A reloaded configuration reaches every front end (and the ones started later)."""
         for b in self.bridges:
-            b.post([("config", config)])
+            b.post([Reconfigure(config)])
 
     async def stop(self) -> None:
         """Shut the front ends down: each drains its streams (drain_timeout_s), then exits."""
@@ -303,7 +279,7 @@ class FrontEnds:
             self._publisher.cancel()
         await asyncio.gather(*self._replacing, return_exceptions=True)  # a front end starting now stops too
         for b in self.bridges:
-            b.post([("shutdown",)])
+            b.post([Shutdown()])
         wait_s = self.state.config.server.drain_timeout_s + 2 * self.state.config.server.send_timeout_s
         await asyncio.gather(*(asyncio.to_thread(b.process.join, wait_s) for b in self.bridges))
 
@@ -329,25 +305,3 @@ class FrontEnds:
 def _detach_all(bridges: list[Bridge]) -> None:
     for b in bridges:
         b.detach()
-
-
-def reserve_port(host: str, port: int) -> socket.socket:
-    """A bound, not listening SO_REUSEPORT socket: it holds the port (a free one for port 0)
-    that every front end then listens on."""
-    return _reuse_port_socket(host, port)
-
-
-def listening_socket(host: str, port: int) -> socket.socket:
-    """A front end's own listening socket on the shared port."""
-    sock = _reuse_port_socket(host, port)
-    sock.listen(1024)
-    sock.setblocking(False)
-    return sock
-
-
-def _reuse_port_socket(host: str, port: int) -> socket.socket:
-    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-    sock = socket.socket(family, kind, proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind(addr)
-    return sock

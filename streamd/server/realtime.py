@@ -135,12 +135,12 @@ def _turn_detection(config: SessionConfig, value: Any, param: str) -> SessionCon
     turn = _object(value, param, nullable=True)
     if turn is None:
         return replace(config, vad=False, silence_ms=None)
-    kind = turn.get("type")
-    if kind == "semantic_vad":
+    vad = turn.get("type")
+    if vad == "semantic_vad":
         raise RealtimeError("unsupported", "semantic_vad is not supported; use server_vad (streamd's "
                             "endpointing) or null (commit turns yourself)", f"{param}.type")
-    if kind != "server_vad":
-        raise RealtimeError("invalid_value", f"{param}.type must be \"server_vad\", got {echo(kind)}",
+    if vad != "server_vad":
+        raise RealtimeError("invalid_value", f"{param}.type must be \"server_vad\", got {echo(vad)}",
                             f"{param}.type")
     _check_keys(turn, _SERVER_VAD_KEYS, param)
     silence = turn.get("silence_duration_ms")
@@ -152,12 +152,12 @@ def _turn_detection(config: SessionConfig, value: Any, param: str) -> SessionCon
 def update_ga(config: SessionConfig, session: Mapping[str, Any]) -> SessionConfig:
     """Apply a ``session.update``'s session (the GA shape); only the fields present change."""
     _check_keys(session, ("type", "audio", "include"), "session")
-    kind = session.get("type", "transcription")
-    if kind == "realtime":
+    session_type = session.get("type", "transcription")
+    if session_type == "realtime":
         raise RealtimeError("unsupported", "conversation sessions are not supported: streamd only transcribes; "
                             "use \"type\": \"transcription\"", "session.type")
-    if kind != "transcription":
-        raise RealtimeError("invalid_value", f"session.type must be \"transcription\", got {echo(kind)}",
+    if session_type != "transcription":
+        raise RealtimeError("invalid_value", f"session.type must be \"transcription\", got {echo(session_type)}",
                             "session.type")
     _include(session.get("include"), "session.include")
     audio = _object(session.get("audio", {}), "session.audio") or {}
@@ -170,8 +170,8 @@ def update_ga(config: SessionConfig, session: Mapping[str, Any]) -> SessionConfi
     if "format" in audio_in:
         fmt = _object(audio_in["format"], f"{where}.format") or {}
         _check_keys(fmt, ("type", "rate"), f"{where}.format")
-        kind = fmt.get("type", "audio/pcm")
-        name = _GA_FORMATS.get(kind) if isinstance(kind, str) else None
+        format_type = fmt.get("type", "audio/pcm")
+        name = _GA_FORMATS.get(format_type) if isinstance(format_type, str) else None
         if name is None:
             raise RealtimeError("invalid_value", f"{where}.format.type must be one of {', '.join(_GA_FORMATS)}, "
                                 f"got {echo(fmt.get('type'))}", f"{where}.format.type")
@@ -308,37 +308,37 @@ class RealtimeConnection(Connection):
             return None
 
     async def _dispatch(self, event: dict[str, Any]) -> bytes | None:
-        kind = event.get("type")
-        if kind == "input_audio_buffer.append":
+        event_type = event.get("type")
+        if event_type == "input_audio_buffer.append":
             return _audio(event)
-        if kind in ("input_audio_buffer.commit", "input_audio_buffer.clear"):
+        if event_type in ("input_audio_buffer.commit", "input_audio_buffer.clear"):
             _check_keys(event, ("type", "event_id"), "")
-        if kind == "input_audio_buffer.commit":
+        if event_type == "input_audio_buffer.commit":
             if not self.appended:
                 raise RealtimeError("input_audio_buffer_commit_empty",
                                     "no audio was appended since the last commit or clear")
             await self._next_segment("finalize")
-        elif kind == "input_audio_buffer.clear":
+        elif event_type == "input_audio_buffer.clear":
             if self.appended:
                 await self._next_segment("clear")
             await self._event("input_audio_buffer.cleared")
-        elif kind in ("session.update", "transcription_session.update"):
-            beta = kind == "transcription_session.update"
+        elif event_type in ("session.update", "transcription_session.update"):
+            beta = event_type == "transcription_session.update"
             _check_keys(event, ("type", "event_id", "session"), "")
             if "session" not in event:
-                raise RealtimeError("missing_required_parameter", f"{kind} needs \"session\"", "session")
+                raise RealtimeError("missing_required_parameter", f"{event_type} needs \"session\"", "session")
             session = _object(event["session"], "session") or {}
             config = (update_beta if beta else update_ga)(self.config, session)
             if self.session.start is not None and config != self.config:
                 raise RealtimeError("session_update_after_audio", "the audio format and turn detection cannot "
                                     "change once audio was appended; open a new session", "session")
             self.config = config
-            await self._event(f"{kind}d", session=self._describe(beta))
-        elif kind in UNSUPPORTED_EVENTS:
-            raise RealtimeError("unsupported", f"{kind} is not supported: streamd only transcribes (no "
+            await self._event(f"{event_type}d", session=self._describe(beta))
+        elif event_type in UNSUPPORTED_EVENTS:
+            raise RealtimeError("unsupported", f"{event_type} is not supported: streamd only transcribes (no "
                                 "conversation items, no responses)", "type")
         else:
-            raise RealtimeError("unknown_event", f"unknown event type {echo(kind)}; streamd takes "
+            raise RealtimeError("unknown_event", f"unknown event type {echo(event_type)}; streamd takes "
                                 f"{', '.join(_EVENTS)}", "type")
         return None
 

@@ -21,11 +21,13 @@ import numpy as np
 
 from streamd import log as logsetup
 from streamd.config import Config
-from streamd.engine.types import CapacityError, ChunkGeometry, ChunkResult, EngineSession, EngineStatus, StreamFailed
+from streamd.engine.types import CapacityError, ChunkGeometry, EngineSession, EngineStatus, StreamFailed
 from streamd.model.tokenizer import Tokenizer
 from streamd.server.channel import BlockingEnd
 from streamd.server.front import Front
-from streamd.server.frontends import Message, WorkerSpec, listening_socket
+from streamd.server.link import (CloseStream, Done, EndStream, Evict, Failed, FrontMetrics, Handoff, MetricsRequest,
+                                 MetricsText, NeedRoom, Opened, OpenStream, Reconfigure, Results, Shutdown, Status,
+                                 StreamAudio, ToEngine, ToFront, Up, WorkerSpec, listening_socket)
 from streamd.server.heap import freeze_startup_heap
 from streamd.server.context import StreamContext
 from streamd.server.metrics import Metrics
@@ -55,7 +57,7 @@ async def _serve(spec: WorkerSpec) -> None:
     state = StreamContext(spec.config, engine, Tokenizer(spec.tokenizer), Metrics(process=False),
                           spec.model_name, census=spec.census, census_slot=spec.index,
                           sessions=Sessions(spec.config.server.resume_grace_s),
-                          evict_elsewhere=lambda: engine.post(("evict",)))
+                          evict_elsewhere=lambda: engine.post(NeedRoom()))
     engine.start(state)
     front = Front(state, metrics_text=engine.metrics_text)
 
@@ -72,18 +74,18 @@ async def _serve(spec: WorkerSpec) -> None:
     async with front.listen(sock):
         front.ready = True
         freeze_startup_heap()
-        engine.post(("up", os.getpid()))
+        engine.post(Up(os.getpid()))
         pusher = asyncio.create_task(_push_metrics(engine, state.metrics))
         await state.shutdown.wait()
         await front.drain()
         pusher.cancel()
-    engine.post(("metrics", state.metrics.front_snapshot()))
+    engine.post(FrontMetrics(state.metrics.front_snapshot()))
     engine.stop()
 
 
 async def _push_metrics(engine: RemoteEngine, metrics: Metrics) -> None:
     while True:
-        engine.post(("metrics", metrics.front_snapshot()))
+        engine.post(FrontMetrics(metrics.front_snapshot()))
         await asyncio.sleep(METRICS_PUSH_S)
 
 
@@ -135,11 +137,11 @@ class RemoteEngine:
         self._texts: dict[int, asyncio.Future[bytes]] = {}
         self._last_text: tuple[float, bytes] | None = None  # (loop time, the latest /metrics text received)
         self._next = 0
-        self._pending: list[Message] = []
+        self._pending: list[ToEngine] = []
         self._audio: list[tuple[int, np.ndarray]] = []  # (sid, float32 samples) queued since the last message
         self._gates: dict[int, ChunkGate] = {}  # per open stream: audio short of its next chunk
         self._flush_due = False
-        self._out: queue.SimpleQueue[list[Message] | None] = queue.SimpleQueue()
+        self._out: queue.SimpleQueue[list[ToEngine] | None] = queue.SimpleQueue()
         self._writer = threading.Thread(target=self._write_all, name="streamd-engine-out", daemon=True)
         self._reader = threading.Thread(target=self._read_all, name="streamd-engine-in", daemon=True)
 
@@ -164,7 +166,7 @@ class RemoteEngine:
         sid, self._next = self._next, self._next + 1
         reply: asyncio.Future[str | None] = self._loop.create_future()
         self._opening[sid] = reply
-        self.post(("open", sid))
+        self.post(OpenStream(sid))
         error = await reply  # cancelled: `_opened` closes the slot it gets
         if error is not None:
             raise CapacityError(error)
@@ -183,14 +185,14 @@ class RemoteEngine:
         gate = self._gates.pop(session.sid, None)
         if gate is not None and (rest := gate.flush()) is not None:
             self._audio.append((session.sid, rest))  # leaves before the end (`_flush`)
-        self.post(("end", session.sid))
+        self.post(EndStream(session.sid))
 
     def close(self, session: EngineSession) -> None:
         if not session.closed:
             session.closed = True
             self._sessions.pop(session.sid, None)
             self._gates.pop(session.sid, None)
-            self.post(("close", session.sid))
+            self.post(CloseStream(session.sid))
 
     async def metrics_text(self) -> bytes:
         """The daemon's /metrics (the engine's process adds every front end's). Never fails: if
@@ -201,7 +203,7 @@ class RemoteEngine:
         self._next += 1
         fut: asyncio.Future[bytes] = self._loop.create_future()
         self._texts[key] = fut
-        self.post(("metrics_text", key))
+        self.post(MetricsRequest(key))
         try:
             text = await asyncio.wait_for(fut, METRICS_TEXT_TIMEOUT_S)
         except TimeoutError:
@@ -219,7 +221,7 @@ class RemoteEngine:
         return text
 
     # -- the channel --------------------------------------------------------------------------------
-    def post(self, message: Message) -> None:
+    def post(self, message: ToEngine) -> None:
         """Queue a message; all queued within `COALESCE_S` leave in one channel message."""
         self._pending.append(message)
         self._schedule()
@@ -239,7 +241,7 @@ class RemoteEngine:
         if self._audio:
             sids = [sid for sid, _ in self._audio]
             sizes = [a.size for _, a in self._audio]
-            batch = [("audio", sids, sizes, np.concatenate([a for _, a in self._audio]))] + batch
+            batch = [StreamAudio(sids, sizes, np.concatenate([a for _, a in self._audio])), *batch]
             self._audio = []
         if batch:
             self._out.put(batch)
@@ -262,47 +264,49 @@ class RemoteEngine:
             self._loop.call_soon_threadsafe(self._dispatch, messages)
         self._loop.call_soon_threadsafe(self._lost)
 
-    def _dispatch(self, messages: list[Message]) -> None:
+    def _dispatch(self, messages: list[ToFront]) -> None:
         """On the event loop: results to their sessions, replies to their waiters."""
+        assert self._state is not None
         for m in messages:
-            kind = m[0]
-            if kind == "result":
-                if (s := self._sessions.get(m[1])) is not None:
-                    s.results.put_nowait(ChunkResult(m[2], m[3], m[4], m[5]))
-            elif kind == "done" or kind == "failed":
-                if (s := self._sessions.get(m[1])) is not None:
-                    s.results.put_nowait(None if kind == "done" else StreamFailed(m[2]))
-            elif kind == "opened":
-                self._opened(m[1], m[2])
-            elif kind == "status":
-                self._on_status(m[1], m[2], m[3])
-            elif kind == "handoff":
-                assert self._state is not None
-                self._state.sessions.handoff()
-            elif kind == "evict":
-                assert self._state is not None
-                self._state.sessions.evict()
-            elif kind == "metrics_text":
-                if (fut := self._texts.get(m[1])) is not None and not fut.done():
-                    fut.set_result(m[2])
-            elif kind == "shutdown":
-                assert self._state is not None
-                self._state.shutdown.set()
-            elif kind == "config" and self.on_config is not None:
-                self.on_config(m[1])
+            match m:
+                case Results():
+                    for sid, result in m.items():
+                        if (s := self._sessions.get(sid)) is not None:
+                            s.results.put_nowait(result)
+                case Done(sid):
+                    if (s := self._sessions.get(sid)) is not None:
+                        s.results.put_nowait(None)
+                case Failed(sid, message):
+                    if (s := self._sessions.get(sid)) is not None:
+                        s.results.put_nowait(StreamFailed(message))
+                case Opened(sid, error):
+                    self._opened(sid, error)
+                case Status():
+                    self._on_status(m)
+                case Handoff():
+                    self._state.sessions.handoff()
+                case Evict():
+                    self._state.sessions.evict()
+                case MetricsText(request, text):
+                    if (fut := self._texts.get(request)) is not None and not fut.done():
+                        fut.set_result(text)
+                case Shutdown():
+                    self._state.shutdown.set()
+                case Reconfigure(config) if self.on_config is not None:
+                    self.on_config(config)
 
     def _opened(self, sid: int, error: str | None) -> None:
         reply = self._opening.pop(sid, None)
         if reply is not None and not reply.done():
             reply.set_result(error)
         elif error is None:  # its connection went away while it waited: give the slot back
-            self.post(("close", sid))
+            self.post(CloseStream(sid))
 
-    def _on_status(self, status: EngineStatus, draining: bool, admission: tuple[int, int | None]) -> None:
+    def _on_status(self, status: Status) -> None:
         assert self._state is not None
-        self._status = status
-        self._state.draining = draining
-        self._state.published = admission
+        self._status = status.engine
+        self._state.draining = status.draining
+        self._state.published = status.admission
 
     def _lost(self) -> None:
         """The engine's process is gone: every stream fails, and this process shuts down."""

@@ -7,13 +7,14 @@ import threading
 import numpy as np
 
 from streamd.server.channel import BlockingEnd, NonBlockingEnd, socket_pair
+from streamd.server.link import CloseStream, EndStream, OpenStream, Results, StreamAudio
 
 
 def test_messages_cross_in_order_whatever_their_size() -> None:
     ours, theirs = socket_pair()
     engine_end, front_end = NonBlockingEnd(ours), BlockingEnd(theirs)
     big = np.arange(3_000_000, dtype=np.float32)  # 12 MB: many partial reads and writes
-    sent = [[("open", 1)], [("audio", [1], [big.size], big)], [("end", 1)]]
+    sent = [[OpenStream(1)], [StreamAudio([1], [big.size], big)], [EndStream(1), CloseStream(1)]]
     writer = threading.Thread(target=lambda: [front_end.send(m) for m in sent])
     writer.start()
     got: list = []
@@ -26,10 +27,10 @@ def test_messages_cross_in_order_whatever_their_size() -> None:
             got += messages
     writer.join()
     assert got[0] == sent[0] and got[2] == sent[2]
-    np.testing.assert_array_equal(got[1][0][3], big)
+    np.testing.assert_array_equal(got[1][0].samples, big)
 
     # engine -> front end: a non-blocking send larger than the socket buffer finishes by flushes
-    reply = [("result", 1, list(range(500_000)), [], 0, 1)]
+    reply = [Results([1], [(list(range(500_000)), [], 0, 1)])]
     received: list = []
     reader = threading.Thread(target=lambda: received.append(front_end.recv()))
     reader.start()

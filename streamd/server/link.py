@@ -1,0 +1,208 @@
+"""What the engine's process and a front-end process share (`server/frontends.py` there,
+`server/worker.py` here): the spec a front end starts from, the listening socket on the shared
+port, and every message of their channel (`server/channel.py` frames lists of them).
+
+Messages are frozen dataclasses; each side dispatches on their class. A front end's audio of a
+few milliseconds travels as one `StreamAudio` (one array, cut by the engine's process), and each
+engine hand-over of results as one `Results` (one plain tuple per stream: a step delivers
+thousands) followed by the `Done` and `Failed` of the streams it finished.
+"""
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+
+import numpy as np
+from prometheus_client.metrics_core import Metric
+
+from streamd.config import Config
+from streamd.engine.types import ChunkResult, EngineStatus
+from streamd.server.census import Census
+
+# ChunkResult's fields in order (tokens, times, frame_start, frame_end): plain data pickles fast.
+ChunkFields = tuple[list[int], list[int], int, int]
+
+
+@dataclass
+class WorkerSpec:
+    """Everything a front-end process starts from (pickled to it by `spawn`)."""
+
+    index: int
+    sock: socket.socket  # the front end's end of the channel
+    config: Config
+    tokenizer: bytes  # the SentencePiece model proto
+    model_name: str
+    status: EngineStatus
+    census: Census
+    port: int
+    log_level: str
+    log_format: str
+
+
+# -- front end -> engine ---------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class OpenStream:
+    """Give stream `sid` a slot (answered by `Opened`)."""
+
+    sid: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamAudio:
+    """The audio queued for several streams, in order: `sizes[i]` float32 samples of stream
+    `sids[i]`, all in one array."""
+
+    sids: list[int]
+    sizes: list[int]
+    samples: np.ndarray
+
+    def pieces(self) -> list[tuple[int, np.ndarray]]:
+        """(sid, its samples: a view of the array) in order."""
+        return list(zip(self.sids, np.split(self.samples, np.cumsum(self.sizes[:-1]))))
+
+
+@dataclass(frozen=True, slots=True)
+class EndStream:
+    """No more audio for stream `sid`: flush what is left (answered by `Done`)."""
+
+    sid: int
+
+
+@dataclass(frozen=True, slots=True)
+class CloseStream:
+    """Release stream `sid`'s slot now."""
+
+    sid: int
+
+
+@dataclass(frozen=True, slots=True)
+class FrontMetrics:
+    """The front end's connection-side metric families as they stand."""
+
+    families: list[Metric]
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsRequest:
+    """A /metrics request: the daemon's text, answered by `MetricsText` with the same `request`."""
+
+    request: int
+
+
+@dataclass(frozen=True, slots=True)
+class Up:
+    """The front end listens (process id `pid`)."""
+
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class NeedRoom:
+    """A new stream needs the slot of the daemon's stream parked longest."""
+
+
+ToEngine = OpenStream | StreamAudio | EndStream | CloseStream | FrontMetrics | MetricsRequest | Up | NeedRoom
+
+
+# -- engine -> front end ---------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """Stream `sid` has a slot (`error` None), or not (why)."""
+
+    sid: int
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Results:
+    """One engine hand-over: stream `sids[i]` gets `chunks[i]` (a `ChunkResult`'s fields)."""
+
+    sids: list[int]
+    chunks: list[ChunkFields]
+
+    def items(self) -> list[tuple[int, ChunkResult]]:
+        return [(sid, ChunkResult(*chunk)) for sid, chunk in zip(self.sids, self.chunks)]
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """Stream `sid` is flushed; its slot is free."""
+
+    sid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The engine could not process stream `sid` (its slot is free)."""
+
+    sid: int
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsText:
+    """The daemon's /metrics text for `MetricsRequest` `request`."""
+
+    request: int
+    text: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """The engine's status, the draining flag and admission (streams admitted, the capacity
+    estimate), sent whenever one changes."""
+
+    engine: EngineStatus
+    draining: bool
+    admission: tuple[int, int | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Reconfigure:
+    """A reloaded configuration."""
+
+    config: Config
+
+
+@dataclass(frozen=True, slots=True)
+class Evict:
+    """End your stream parked longest: the daemon needs its slot."""
+
+
+@dataclass(frozen=True, slots=True)
+class Handoff:
+    """Close every stream with the handoff code, for its client to resume it elsewhere."""
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    """Drain the streams and exit."""
+
+
+ToFront = Opened | Results | Done | Failed | MetricsText | Status | Reconfigure | Evict | Handoff | Shutdown
+
+
+# -- the shared port ------------------------------------------------------------------------------
+
+def reserve_port(host: str, port: int) -> socket.socket:
+    """A bound, not listening SO_REUSEPORT socket: it holds the port (a free one for port 0)
+    that every front end then listens on."""
+    return _reuse_port_socket(host, port)
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A front end's own listening socket on the shared port."""
+    sock = _reuse_port_socket(host, port)
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+def _reuse_port_socket(host: str, port: int) -> socket.socket:
+    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(addr)
+    return sock
