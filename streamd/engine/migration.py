@@ -19,19 +19,24 @@
    steps that serve meanwhile allocate too: a move that filled the GPU made them fail). The
    batch sizes left are captured on their first step after the move, when the source's graphs
    are gone.
-2. At a step boundary (on the engine thread, via `Engine.call`) `cut_over` swaps the model and
+2. At a step boundary (on the engine thread, in an `Engine.call`) `cut_over` swaps the model and
    its prepared steps in and copies every live stream's encoder caches and decoder state to the
    target. On any error everything is put back as it was (the source's graphs included).
 3. A batch size without a prepared graph is captured lazily on its first step, as after a
    plain `model.to(...)`.
+
+`migrate` runs the three on the event loop for `Engine.migrate` and reports (`MigrationReport`).
 """
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, fields
+from typing import Any, Protocol
 
 import torch
 
@@ -48,6 +53,7 @@ log = logging.getLogger("streamd.engine")
 MIN_FREE = 0.1  # the share of a GPU's memory a migration leaves to serving while it prepares
 IN_USE_S = 60.0  # a migration prepares the graphs of the batch sizes called this recently
 HOT_S = 5.0  # ... those called this recently first (the first steps after the move need them)
+GAP_WAIT_S = 3.0  # the most a migration waits for the first step after its cut-over (its serving gap)
 
 
 class MigrationFailed(RuntimeError):
@@ -253,3 +259,67 @@ def _empty_cache(device: torch.device) -> None:
     if device.type == "cuda":
         with DEVICE_LOCK:
             torch.cuda.empty_cache()
+
+
+class Host(Protocol):
+    """What a migration needs of the engine it moves (`Engine`)."""
+
+    recognizer: Recognizer
+
+    async def call(self, fn: Callable[[Recognizer], Any]) -> Any: ...
+
+    def set_cutting_over(self, on: bool) -> None: ...
+
+    def cut_over(self, rec: Recognizer, target: Transducer, staged: Any, steps: PreparedSteps
+                 ) -> tuple[float, int, float, Future[float] | None, Callable[[], None]]: ...
+
+
+async def migrate(engine: Host, master: Transducer, device: torch.device | None, dtype: torch.dtype | None
+                  ) -> MigrationReport:
+    """Move `engine`'s serving to a copy of `master` (fp32 CPU weights) at `device` / `dtype`
+    (None: as now) while streams go on: the copy is made and probed, and its CUDA graphs
+    captured, off the engine thread, then swapped in between two steps with every live stream's
+    state. On failure the engine keeps serving where it was; the report says why. When streams
+    had a chunk waiting at the cut-over, returns once the first step after it has delivered its
+    results (at most `GAP_WAIT_S` later): the report has the serving gap."""
+    rec = engine.recognizer
+    source = placement(rec.model)
+    report = MigrationReport(False, source, source, 0.0, 0.0, rec.active, at=time.time())
+    try:
+        dev = device if device is not None else rec.model.device
+        dt = dtype if dtype is not None else rec.model.dtype
+        report.target = f"{dev} {DTYPE_NAMES[dt]}"
+        if report.target == source:
+            report.ok, report.moved = True, False
+            return report
+        t0 = time.perf_counter()
+        guard = MemoryGuard(dev)
+        need = target_bytes(master, dt, rec.capacity, rec.att_context, rec.kv_cache)
+        await asyncio.to_thread(guard.require, need, "the model and its stream state")
+        target = await asyncio.to_thread(placed_copy, master, dev, dt, rec.att_context)
+        staged = await asyncio.to_thread(stage_cache, target, rec.capacity, rec.att_context, rec.kv_cache)
+        now = time.monotonic()
+        in_use = [rec.graph_sizes(now - HOT_S), rec.graph_sizes(now - IN_USE_S)]
+        steps = await asyncio.to_thread(prepare_steps, rec, target, in_use, guard.room)
+        report.prepare_ms = (time.perf_counter() - t0) * 1000
+        report.recapture_ms, report.graphs = steps.capture_ms, steps.graphs
+        report.graphs_deferred = steps.deferred
+        engine.set_cutting_over(True)
+        try:
+            report.pause_ms, report.streams, before, landed, release = await engine.call(
+                lambda r: engine.cut_over(r, target, staged, steps))
+        finally:
+            engine.set_cutting_over(False)
+        report.ok = True
+    except Exception as e:  # noqa: BLE001 - whatever failed, serving goes on where it was
+        report.error = str(e) if isinstance(e, (ValueError, MigrationFailed)) else f"{type(e).__name__}: {e}"
+        return report
+    if landed is not None:
+        try:
+            after = await asyncio.wait_for(asyncio.wrap_future(landed), GAP_WAIT_S)
+        except TimeoutError:
+            pass  # no step since: nothing to measure
+        else:
+            report.serving_gap_ms = (after - before) * 1000
+    await asyncio.to_thread(release)
+    return report

@@ -25,7 +25,7 @@ from concurrent.futures import Future
 from collections.abc import Callable
 
 from streamd.config import Config
-from streamd.engine.engine import Close, End, StreamCommand
+from streamd.engine.inbox import Close, End, StreamCommand
 from streamd.engine.types import EngineSession, ResultItem, StreamFailed
 from streamd.server.channel import NonBlockingEnd, socket_pair
 from streamd.server.census import Census
@@ -136,11 +136,10 @@ class Bridge:
         if came_up:
             self._on_lost(self)
 
-    def detach(self) -> None:
-        """Stop serving the channel and close it (engine thread; at shutdown)."""
+    def close(self) -> None:
+        """Close the channel (engine thread, once it is no longer served: at shutdown)."""
         if not self.gone:
             self.gone = True
-            self.state.engine.remove_source(self)
             self.channel.close()
 
     # -- engine -> front end ---------------------------------------------------------------------
@@ -162,8 +161,13 @@ class Bridge:
 
     def post(self, messages: list[ToFront]) -> None:
         """Send `messages` to the front end (from any thread: the engine thread writes them at
-        its next turn, also while a step is in flight)."""
-        self.state.engine.run_soon(lambda: None if self.gone else self.channel.send(messages))
+        its next turn, also while a step is in flight: `send`)."""
+        self.state.engine.send(self, messages)
+
+    def send(self, messages: list[ToFront]) -> None:
+        """Write `messages` to the channel (engine thread)."""
+        if not self.gone:
+            self.channel.send(messages)
 
 
 class FrontEnds:
@@ -293,15 +297,9 @@ class FrontEnds:
                 log.warning("front end %d did not exit: terminating it", b.index)
                 b.process.terminate()
         await asyncio.gather(*(asyncio.to_thread(b.process.join, 5.0) for b in self.bridges))
-        bridges = list(self.bridges)
         try:
-            await asyncio.wait_for(self.state.engine.call(lambda rec: _detach_all(bridges)), STOP_TIMEOUT_S)
+            await asyncio.wait_for(asyncio.wrap_future(self.state.engine.detach(list(self.bridges))), STOP_TIMEOUT_S)
         except TimeoutError:
             log.warning("the engine did not detach the front ends' channels")
         if self._reserved is not None:
             self._reserved.close()
-
-
-def _detach_all(bridges: list[Bridge]) -> None:
-    for b in bridges:
-        b.detach()

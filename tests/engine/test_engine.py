@@ -11,7 +11,8 @@ import torch
 
 from helpers import random_model
 from streamd.engine.recognizer import Recognizer
-from streamd.engine.engine import Engine, StepTimes
+from streamd.engine.engine import Engine
+from streamd.engine.step_times import StepTimes
 from streamd.engine.stream import Stream
 
 
@@ -244,3 +245,82 @@ def test_pipelined_steps_give_the_results_of_one_step_at_a_time(device: str) -> 
     for p, s in zip(piped, serial):
         assert len(p) > 1 and _transcript(p) == _transcript(s)  # tokens and the last frame decoded
         assert [r.frame_start for r in p[1:]] == [r.frame_end for r in p[:-1]]  # type: ignore[attr-defined]
+
+
+def test_named_jobs_do_not_drain_the_steps_in_flight() -> None:
+    """A front end's status or /metrics text (`send`) and a new front end's channel (`add_source`)
+    are taken in while a step is on the device: the pipeline is not drained for them, as it is
+    for a `call` (which runs once no step is in flight)."""
+    import socket
+    import threading
+
+    rec = Recognizer(random_model(), capacity=2)
+    device_done = threading.Event()  # the "device" finishes the launched steps when the test says
+    real_launch = rec.launch
+
+    class SlowStep:
+        def __init__(self, launched: object) -> None:
+            self.launched = launched
+
+        def done(self) -> bool:
+            return device_done.is_set()
+
+        def collect(self) -> object:
+            return self.launched.collect()  # type: ignore[attr-defined]
+
+    rec.launch = lambda streams: SlowStep(real_launch(streams))  # type: ignore[method-assign, assignment, return-value]
+    engine = Engine(rec, max_batch=2, batch_wait_s=0.0, pipeline=True)
+    sent: list[tuple[list[str], int]] = []  # (messages, steps in flight when they were handed over)
+    read: list[int] = []  # steps in flight when the new source was served
+
+    class Outlet:
+        def send(self, messages: list[str]) -> None:
+            sent.append((messages, len(engine._flight)))
+
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+
+    class Source:
+        wants_write = False
+
+        def fileno(self) -> int:
+            return ours.fileno()
+
+        def readable(self) -> None:
+            ours.recv(16)
+            read.append(len(engine._flight))
+
+        def writable(self) -> None:
+            pass
+
+        def close(self) -> None:
+            ours.close()
+
+    async def main() -> int:
+        engine.start()
+        try:
+            session = await engine.open()
+            engine.push(session, np.zeros(16000 * 3, dtype=np.float32))
+            while not engine._flight:
+                await asyncio.sleep(0.005)
+            call = engine.submit(lambda r: len(engine._flight))
+            engine.send(Outlet(), ["status"])
+            engine.add_source(Source())
+            theirs.send(b"x")
+            for _ in range(500):
+                if sent and read:
+                    break
+                await asyncio.sleep(0.01)
+            assert not call.done()  # held until the pipeline is empty
+            device_done.set()
+            flight_at_call = await asyncio.wrap_future(call)
+            await asyncio.wrap_future(engine.detach([Source()]))
+            return flight_at_call
+        finally:
+            device_done.set()
+            await engine.stop()
+            theirs.close()
+
+    assert asyncio.run(main()) == 0
+    assert sent and sent[0] == (["status"], sent[0][1]) and sent[0][1] > 0
+    assert read and read[0] > 0
