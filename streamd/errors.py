@@ -103,3 +103,17 @@ class InternalError(StreamdError):
 
     code = "internal_error"
     close_code = 1011
+
+
+# The engine's own errors: serving turns them into the errors above (or an admin report).
+
+class CapacityError(RuntimeError):
+    """Every engine slot is taken (a stream's open is refused; serving answers `Overloaded`)."""
+
+
+class StreamFailed(RuntimeError):
+    """The engine could not process this stream's audio (the step raised)."""
+
+
+class MigrationFailed(RuntimeError):
+    """The move did not happen; the engine still serves from the source placement."""

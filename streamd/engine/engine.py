@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import sys
 import threading
 import time
 from collections import deque
@@ -37,7 +38,8 @@ from streamd.engine.placement import DTYPE_NAMES
 from streamd.engine.recognizer import Launched, Recognizer
 from streamd.engine.step_times import StepTimes
 from streamd.engine.stream import Stream
-from streamd.engine.types import EngineSession, EngineStatus, ResultItem, Sink, StreamFailed
+from streamd.engine.types import EngineSession, EngineStatus, ResultItem, Sink
+from streamd.errors import StreamFailed
 from streamd.model.transducer import Transducer
 
 log = logging.getLogger("streamd.engine")
@@ -59,13 +61,19 @@ class _Step:
 class Engine:
     """`pipeline`: launch the next step while one runs on the device (None: when the model's
     device runs steps asynchronously, i.e. a GPU; on a CPU a launch computes the whole step, and
-    launching another before delivering the first would only delay its results)."""
+    launching another before delivering the first would only delay its results).
+
+    `gil_switch_s`: the process's thread switch interval from `start` on (None: as it is). The
+    engine thread re-takes the GIL after every torch call; while the event loop runs Python, each
+    re-take waits up to this interval (CPython's default, 5 ms, made a busy daemon's steps many
+    times slower)."""
 
     def __init__(self, recognizer: Recognizer, max_batch: int, batch_wait_s: float,
-                 on_step: StepObserver | None = None, pipeline: bool | None = None) -> None:
+                 on_step: StepObserver | None = None, pipeline: bool | None = None,
+                 gil_switch_s: float | None = None) -> None:
         self.recognizer = recognizer
         self.max_batch, self.batch_wait_s = max_batch, batch_wait_s
-        self.pipeline = pipeline
+        self.pipeline, self.gil_switch_s = pipeline, gil_switch_s
         self._on_step = on_step
         self.inbox = Inbox()
         self._live: dict[EngineSession, None] = {}  # sessions with a slot, oldest first
@@ -90,6 +98,8 @@ class Engine:
 
     # -- loop side -----------------------------------------------------------------------------
     def start(self) -> None:
+        if self.gil_switch_s is not None:
+            sys.setswitchinterval(self.gil_switch_s)
         self._loop = asyncio.get_running_loop()
         self._thread = threading.Thread(target=self._run, name="streamd-engine", daemon=True)
         self._thread.start()

@@ -45,6 +45,7 @@ from streamd.engine import probes
 from streamd.engine.encoder_step import EncoderStep
 from streamd.engine.placement import DTYPE_NAMES, move_model
 from streamd.engine.recognizer import Recognizer, Search
+from streamd.errors import MigrationFailed
 from streamd.model.encoder import EncoderCache
 from streamd.model.transducer import Transducer
 
@@ -54,10 +55,6 @@ MIN_FREE = 0.1  # the share of a GPU's memory a migration leaves to serving whil
 IN_USE_S = 60.0  # a migration prepares the graphs of the batch sizes called this recently
 HOT_S = 5.0  # ... those called this recently first (the first steps after the move need them)
 GAP_WAIT_S = 3.0  # the most a migration waits for the first step after its cut-over (its serving gap)
-
-
-class MigrationFailed(RuntimeError):
-    """The move did not happen; the engine still serves from the source placement."""
 
 
 @dataclass

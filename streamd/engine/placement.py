@@ -1,14 +1,13 @@
-"""Where the model lives: device/dtype parsing and the one place that moves the model."""
+"""Where the model lives: device/dtype parsing and the one place that moves the model. The
+dtype names and their aliases are the configuration's (`config.normalize_dtype`)."""
 from __future__ import annotations
 
 import torch
 
+from streamd.config import TORCH_DTYPE_NAMES, normalize_dtype
 from streamd.model.transducer import Transducer
 
-DTYPES = {"fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
-          "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-          "fp16": torch.float16, "float16": torch.float16, "half": torch.float16}
-DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+DTYPE_NAMES = {getattr(torch, torch_name): name for name, torch_name in TORCH_DTYPE_NAMES.items()}
 
 
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:
@@ -16,10 +15,7 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
         if name not in DTYPE_NAMES:
             raise ValueError(f"unsupported dtype {name}")
         return name
-    key = name.lower().removeprefix("torch.")
-    if key not in DTYPES:
-        raise ValueError(f"unknown dtype {name!r}; use fp32, bf16 or fp16")
-    return DTYPES[key]
+    return getattr(torch, TORCH_DTYPE_NAMES[normalize_dtype(name)])  # type: ignore[no-any-return]
 
 
 def parse_device(name: str) -> torch.device:

@@ -25,7 +25,8 @@ from streamd.decoding.greedy import BatchedHyps, GreedyLabelLooping
 from streamd.decoding.state import DecoderState
 from streamd.engine.encoder_step import EAGER, EncoderStep, make_encoder_step
 from streamd.engine.stream import Stream
-from streamd.engine.types import CapacityError, ChunkGeometry, ChunkResult
+from streamd.engine.types import ChunkGeometry, ChunkResult
+from streamd.errors import CapacityError
 from streamd.model.dims import PRE_ENCODE_CACHE
 from streamd.model.encoder import EncoderCache
 from streamd.model.preprocessor import LogMel

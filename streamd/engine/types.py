@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from streamd.errors import StreamFailed
 from streamd.model.dims import PRE_ENCODE_CACHE, ModelDims
 
 if TYPE_CHECKING:
@@ -91,10 +92,6 @@ class ChunkGeometry:
         return self.hop * self.subsampling * (self.right + 1) * 1000 // self.sample_rate
 
 
-class CapacityError(RuntimeError):
-    """Every slot is taken."""
-
-
 @dataclass
 class ChunkResult:
     """One stream's outcome of one step: new labels with global encoder-frame times, and the
@@ -104,10 +101,6 @@ class ChunkResult:
     times: list[int]
     frame_start: int
     frame_end: int
-
-
-class StreamFailed(RuntimeError):
-    """The engine could not process this stream's audio (the step raised)."""
 
 
 ResultItem = ChunkResult | StreamFailed | None  # None: the stream is flushed and its slot free

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 import signal
-import sys
 import time
 from collections.abc import Callable
 
@@ -76,7 +75,7 @@ def build_state(cfg: Config, metrics: Metrics) -> ServerState:
         metrics.set_graphs(rec.encoder_step.mode == GRAPHS, getattr(rec.search, "mode", EAGER) != EAGER)
         admission.observe(seconds, batch)
 
-    engine = Engine(rec, cfg.server.max_streams, e.batch_wait_ms / 1000, on_step)
+    engine = Engine(rec, cfg.server.max_streams, e.batch_wait_ms / 1000, on_step, gil_switch_s=e.gil_switch_ms / 1000)
     metrics.set_model(loaded.name, str(device), DTYPE_NAMES[dtype])
     state = ServerState(cfg, loaded.tokenizer, metrics, loaded.name, engine=engine, master=loaded.model,
                         sessions=Sessions(s.resume_grace_s), capacity=admission)
@@ -130,10 +129,6 @@ class App:
         loop = asyncio.get_running_loop()
         _on_signals(loop, (signal.SIGTERM, signal.SIGINT), self.state.shutdown.set)
         notifier = self.notifier
-        # The engine thread re-takes the GIL after every torch call; while the event loop runs
-        # Python, each re-take waits up to this interval (CPython's default, 5 ms, made a busy
-        # daemon's steps many times slower).
-        sys.setswitchinterval(self.state.config.engine.gil_switch_ms / 1000)
         admin = AdminServer(self.control, self.state.config.admin)
         await admin.start()  # first: a socket path in use fails the start before any work
         try:

@@ -26,7 +26,8 @@ from collections.abc import Callable
 
 from streamd.config import Config
 from streamd.engine.inbox import Close, End, StreamCommand
-from streamd.engine.types import EngineSession, ResultItem, StreamFailed
+from streamd.engine.types import EngineSession, ResultItem
+from streamd.errors import StreamFailed
 from streamd.server.channel import NonBlockingEnd, socket_pair
 from streamd.server.census import Census
 from streamd.server.context import ServerState

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
 
-from streamd.engine.types import CapacityError, EngineSession, StreamFailed
-from streamd.errors import (BacklogExceeded, IdleTimeout, InternalError, Overloaded, SessionExpired, SlowConsumer,
-                            StreamdError)
+from streamd.engine.types import EngineSession
+from streamd.errors import (BacklogExceeded, CapacityError, IdleTimeout, InternalError, Overloaded, SessionExpired,
+                            SlowConsumer, StreamdError, StreamFailed)
 from streamd import protocol as p
 from streamd.server.context import StreamContext
 from streamd.server.resume import Attach, ResumeState, log_name, session_id_of

@@ -21,7 +21,8 @@ import numpy as np
 
 from streamd import log as logsetup
 from streamd.config import Config
-from streamd.engine.types import CapacityError, ChunkGeometry, EngineSession, EngineStatus, StreamFailed
+from streamd.errors import CapacityError, StreamFailed
+from streamd.engine.types import ChunkGeometry, EngineSession, EngineStatus
 from streamd.model.tokenizer import Tokenizer
 from streamd.server.channel import BlockingEnd
 from streamd.server.front import Front

@@ -1,8 +1,10 @@
 """Cut a stream's token sequence into utterances: partial and final results.
 
-Decoding is continuous across utterances (the decoder state is never reset), so the tokens of
-all utterances of a stream, concatenated, are exactly what `streamd decode --streaming` gives
-for the same audio (less what the speech gate drops, `StreamSession`). Endpointing only decides where one utterance ends and the next begins.
+Decoding is continuous across the utterances of one segment (an endpoint does not reset the
+decoder state; a `finalize` starts a new segment, with its own engine stream), so the tokens of
+a segment's utterances, concatenated, are what `streamd decode --streaming` gives for the
+segment's audio, less what the speech gate drops (`StreamSession`). Endpointing only decides
+where one utterance ends and the next begins.
 """
 from __future__ import annotations
 
