@@ -76,6 +76,7 @@ class Engine:
         self.pipeline, self.gil_switch_s = pipeline, gil_switch_s
         self._on_step = on_step
         self.inbox = Inbox()
+        self._ids = itertools.count()  # engine stream ids
         self._live: dict[EngineSession, None] = {}  # sessions with a slot, oldest first
         # Readiness is tracked, not scanned for: only a session that got audio or ended (or just
         # stepped) is checked again, so the engine thread's work between steps does not grow with
@@ -156,7 +157,7 @@ class Engine:
 
     async def open(self) -> EngineSession:
         """A new stream with its own slot; raises CapacityError when all slots are taken."""
-        session = EngineSession()
+        session = EngineSession(id=next(self._ids))
         await asyncio.wrap_future(self.open_session(session))
         return session
 

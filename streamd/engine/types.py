@@ -138,13 +138,15 @@ class EngineClient(Protocol):
 
 @dataclass(eq=False)
 class EngineSession:
-    """Loop-side handle of one stream. `results` yields ChunkResults, then None when the stream
-    has been flushed (after `end`), or a StreamFailed. With a `sink`, results go there instead
-    (called on the engine thread with every item of one hand-over, in order)."""
+    """Loop-side handle of one engine stream. `results` yields ChunkResults, then None when the
+    stream has been flushed (after `end`), or a StreamFailed. With a `sink`, results go there
+    instead (called on the engine thread with every item of one hand-over, in order). `id`: its
+    number, unique in the process that opened it (`Engine.open`; in a front-end process
+    `RemoteEngine.open`, whose number the engine's bridge keeps)."""
 
+    id: int = -1
     results: asyncio.Queue[ResultItem] = field(default_factory=asyncio.Queue)
     stream: Stream | None = None  # owned by the engine thread
     closed: bool = False
     sink: Sink | None = None
-    sid: int = -1  # the stream's number in its front-end process (bridged sessions)
     in_flight: int = 0  # launched steps of this stream whose results are not delivered yet

@@ -262,8 +262,8 @@ class ListenConnection(Connection):
             await self.sender
         finally:
             self.sender.cancel()
-            for slot in self.slots.values():
-                self.state.engine.close(slot.engine)
+            for segment_stream in self.engine_streams.values():
+                self.state.engine.close(segment_stream.engine)
         await self._send_json(self._metadata())
         await self._close(p.CloseCode.NORMAL_CLOSURE if reason == "close stream" else p.CloseCode.GOING_AWAY)
         return reason

@@ -81,18 +81,18 @@ class Bridge:
         for m in messages:
             match m:
                 case StreamAudio():  # the queued audio of its streams: one array, cut here, taken now
-                    for sid, samples in m.pieces():
-                        if (s := self.sessions.get(sid)) is not None:
+                    for stream_id, samples in m.pieces():
+                        if (s := self.sessions.get(stream_id)) is not None:
                             engine.take_audio(s, samples)
-                case EndStream(sid):
-                    if (s := self.sessions.get(sid)) is not None:
+                case EndStream(stream_id):
+                    if (s := self.sessions.get(stream_id)) is not None:
                         batch.append(End(s))
-                case CloseStream(sid):
-                    if (s := self.sessions.pop(sid, None)) is not None:
+                case CloseStream(stream_id):
+                    if (s := self.sessions.pop(stream_id, None)) is not None:
                         s.closed = True
                         batch.append(Close(s))
-                case OpenStream(sid):
-                    self._open(sid)
+                case OpenStream(stream_id):
+                    self._open(stream_id)
                 case FrontMetrics(families):
                     self.state.metrics.set_remote(self.index, families)
                 case MetricsRequest(request):  # rendered on the event loop, not between steps
@@ -104,16 +104,16 @@ class Bridge:
         if batch:
             engine.post_many(batch)
 
-    def _open(self, sid: int) -> None:
-        session = EngineSession(sink=self._deliver, sid=sid)
-        self.sessions[sid] = session
+    def _open(self, stream_id: int) -> None:
+        session = EngineSession(sink=self._deliver, id=stream_id)
+        self.sessions[stream_id] = session
 
         def opened(fut: Future[None]) -> None:  # on the engine thread
             err = fut.exception()
             if err is not None:
-                self.sessions.pop(sid, None)
+                self.sessions.pop(stream_id, None)
             if not self.gone:
-                self.channel.send([Opened(sid, None if err is None else str(err))])
+                self.channel.send([Opened(stream_id, None if err is None else str(err))])
 
         self.state.engine.open_session(session).add_done_callback(opened)
 
@@ -150,15 +150,15 @@ class Bridge:
         ended: list[ToFront] = []  # after the results: a stream's last result comes before its end
         for s, item in items:
             if item is None:
-                ended.append(Done(s.sid))
-                self.sessions.pop(s.sid, None)
+                ended.append(Done(s.id))
+                self.sessions.pop(s.id, None)
             elif isinstance(item, StreamFailed):
-                ended.append(Failed(s.sid, str(item)))
+                ended.append(Failed(s.id, str(item)))
             else:
-                results.sids.append(s.sid)
+                results.stream_ids.append(s.id)
                 results.chunks.append((item.tokens, item.times, item.frame_start, item.frame_end))
         if not self.gone:
-            self.channel.send(([results] if results.sids else []) + ended)
+            self.channel.send(([results] if results.stream_ids else []) + ended)
 
     def post(self, messages: list[ToFront]) -> None:
         """Send `messages` to the front end (from any thread: the engine thread writes them at

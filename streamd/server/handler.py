@@ -30,7 +30,7 @@ FEED_BYTES = 32 << 10
 
 
 @dataclass(eq=False)
-class Slot:
+class SegmentStream:
     """A segment's engine stream."""
 
     segment: Segment
@@ -54,8 +54,8 @@ class Connection:
         self._attached: Attach | None = None  # the connection a resume handed over, if any
         self._send_lock = asyncio.Lock()
         self._handoff_task: asyncio.Task[None] | None = None
-        self.slots: dict[Segment, Slot] = {}  # every segment's engine stream, closed when it ends
-        self.opened: asyncio.Queue[Slot | None] = asyncio.Queue()  # to the sender, in order; None: no more
+        self.engine_streams: dict[Segment, SegmentStream] = {}  # every segment's engine stream, closed when it ends
+        self.opened: asyncio.Queue[SegmentStream | None] = asyncio.Queue()  # to the sender, in order; None: no more
         # At least 3 chunks: the first result needs a chunk plus the lookahead, so a smaller limit
         # would hold a paced client back before anything could be decoded.
         self.backlog_limit_s = max(state.config.server.max_backlog_s,
@@ -132,8 +132,8 @@ class Connection:
         finally:
             if sender is not None:
                 sender.cancel()
-            for slot in self.slots.values():
-                self.state.engine.close(slot.engine)
+            for segment_stream in self.engine_streams.values():
+                self.state.engine.close(segment_stream.engine)
         await self._send(self.session.summary("shutdown" if reason == "shutdown" else "stop",
                                               time.monotonic() - self.started))
         await self._close(p.CloseCode.GOING_AWAY if reason == "shutdown" else p.CloseCode.NORMAL_CLOSURE)
@@ -177,7 +177,7 @@ class Connection:
             if isinstance(command, Open):
                 await self._open_segment(command.segment, command.after)
                 continue
-            engine = self.slots[command.segment].engine
+            engine = self.engine_streams[command.segment].engine
             if isinstance(command, End):
                 self.state.engine.end(engine)
                 if command.last:
@@ -200,7 +200,7 @@ class Connection:
             except CapacityError as e:
                 if after is not None:
                     try:
-                        await asyncio.wait_for(self.slots[after].flushed.wait(),
+                        await asyncio.wait_for(self.engine_streams[after].flushed.wait(),
                                                self.state.config.server.idle_timeout_s)
                         return await self._open_segment(segment, None)
                     except TimeoutError:
@@ -212,9 +212,9 @@ class Connection:
                     continue
                 self.state.metrics.rejections.labels(reason="overloaded").inc()
                 raise Overloaded(str(e)) from None
-        slot = Slot(segment, engine)
-        self.slots[segment] = slot
-        await self.opened.put(slot)
+        segment_stream = SegmentStream(segment, engine)
+        self.engine_streams[segment] = segment_stream
+        await self.opened.put(segment_stream)
 
     async def _feed(self, audio: bytes, sender: asyncio.Task[None],
                     convert: Callable[[bytes], bytes] | None = None) -> bool:
@@ -307,15 +307,15 @@ class Connection:
 
     async def _sender(self) -> None:
         """The engine's results, segment after segment, through the session to the client."""
-        while (slot := await self.opened.get()) is not None:
-            while (item := await slot.engine.results.get()) is not None:
+        while (segment_stream := await self.opened.get()) is not None:
+            while (item := await segment_stream.engine.results.get()) is not None:
                 if isinstance(item, StreamFailed):
                     raise InternalError(str(item))
-                results = self.session.receive_result(slot.segment, item)
+                results = self.session.receive_result(segment_stream.segment, item)
                 self._progress.set()
                 await self._deliver_all(results)
-            slot.flushed.set()
-            await self._deliver_all(self.session.segment_flushed(slot.segment))
+            segment_stream.flushed.set()
+            await self._deliver_all(self.session.segment_flushed(segment_stream.segment))
 
     async def _deliver_all(self, results: list[Result]) -> None:
         for result in results:

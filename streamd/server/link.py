@@ -43,37 +43,37 @@ class WorkerSpec:
 
 @dataclass(frozen=True, slots=True)
 class OpenStream:
-    """Give stream `sid` a slot (answered by `Opened`)."""
+    """Give stream `stream_id` a slot (answered by `Opened`)."""
 
-    sid: int
+    stream_id: int
 
 
 @dataclass(frozen=True, slots=True)
 class StreamAudio:
     """The audio queued for several streams, in order: `sizes[i]` float32 samples of stream
-    `sids[i]`, all in one array."""
+    `stream_ids[i]`, all in one array."""
 
-    sids: list[int]
+    stream_ids: list[int]
     sizes: list[int]
     samples: np.ndarray
 
     def pieces(self) -> list[tuple[int, np.ndarray]]:
-        """(sid, its samples: a view of the array) in order."""
-        return list(zip(self.sids, np.split(self.samples, np.cumsum(self.sizes[:-1]))))
+        """(stream_id, its samples: a view of the array) in order."""
+        return list(zip(self.stream_ids, np.split(self.samples, np.cumsum(self.sizes[:-1]))))
 
 
 @dataclass(frozen=True, slots=True)
 class EndStream:
-    """No more audio for stream `sid`: flush what is left (answered by `Done`)."""
+    """No more audio for stream `stream_id`: flush what is left (answered by `Done`)."""
 
-    sid: int
+    stream_id: int
 
 
 @dataclass(frozen=True, slots=True)
 class CloseStream:
-    """Release stream `sid`'s slot now."""
+    """Release stream `stream_id`'s slot now."""
 
-    sid: int
+    stream_id: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,35 +109,35 @@ ToEngine = OpenStream | StreamAudio | EndStream | CloseStream | FrontMetrics | M
 
 @dataclass(frozen=True, slots=True)
 class Opened:
-    """Stream `sid` has a slot (`error` None), or not (why)."""
+    """Stream `stream_id` has a slot (`error` None), or not (why)."""
 
-    sid: int
+    stream_id: int
     error: str | None
 
 
 @dataclass(frozen=True, slots=True)
 class Results:
-    """One engine hand-over: stream `sids[i]` gets `chunks[i]` (a `ChunkResult`'s fields)."""
+    """One engine hand-over: stream `stream_ids[i]` gets `chunks[i]` (a `ChunkResult`'s fields)."""
 
-    sids: list[int]
+    stream_ids: list[int]
     chunks: list[ChunkFields]
 
     def items(self) -> list[tuple[int, ChunkResult]]:
-        return [(sid, ChunkResult(*chunk)) for sid, chunk in zip(self.sids, self.chunks)]
+        return [(stream_id, ChunkResult(*chunk)) for stream_id, chunk in zip(self.stream_ids, self.chunks)]
 
 
 @dataclass(frozen=True, slots=True)
 class Done:
-    """Stream `sid` is flushed; its slot is free."""
+    """Stream `stream_id` is flushed; its slot is free."""
 
-    sid: int
+    stream_id: int
 
 
 @dataclass(frozen=True, slots=True)
 class Failed:
-    """The engine could not process stream `sid` (its slot is free)."""
+    """The engine could not process stream `stream_id` (its slot is free)."""
 
-    sid: int
+    stream_id: int
     message: str
 
 

@@ -290,8 +290,8 @@ class RealtimeConnection(Connection):
         finally:
             if self.sender is not None:
                 self.sender.cancel()
-            for slot in self.slots.values():
-                self.state.engine.close(slot.engine)
+            for segment_stream in self.engine_streams.values():
+                self.state.engine.close(segment_stream.engine)
         await self._close(p.CloseCode.GOING_AWAY)
         return "shutdown"
 

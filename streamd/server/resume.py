@@ -46,9 +46,9 @@ _session_ids: weakref.WeakKeyDictionary[ServerConnection, str] = weakref.WeakKey
 
 def assign_session_id(conn: ServerConnection) -> str:
     """A new unguessable session id for the connection being handshaken (64 random bits)."""
-    sid = secrets.token_hex(8)
-    _session_ids[conn] = sid
-    return sid
+    session_id = secrets.token_hex(8)
+    _session_ids[conn] = session_id
+    return session_id
 
 
 def session_id_of(conn: ServerConnection) -> str:

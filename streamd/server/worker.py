@@ -139,7 +139,7 @@ class RemoteEngine:
         self._last_text: tuple[float, bytes] | None = None  # (loop time, the latest /metrics text received)
         self._next = 0
         self._pending: list[ToEngine] = []
-        self._audio: list[tuple[int, np.ndarray]] = []  # (sid, float32 samples) queued since the last message
+        self._audio: list[tuple[int, np.ndarray]] = []  # (stream_id, float32 samples) queued since the last message
         self._gates: dict[int, ChunkGate] = {}  # per open stream: audio short of its next chunk
         self._flush_due = False
         self._out: queue.SimpleQueue[list[ToEngine] | None] = queue.SimpleQueue()
@@ -164,36 +164,36 @@ class RemoteEngine:
     async def open(self) -> EngineSession:
         """A new stream with a slot in the engine; raises CapacityError when all are taken."""
         assert self._loop is not None
-        sid, self._next = self._next, self._next + 1
+        stream_id, self._next = self._next, self._next + 1
         reply: asyncio.Future[str | None] = self._loop.create_future()
-        self._opening[sid] = reply
-        self.post(OpenStream(sid))
+        self._opening[stream_id] = reply
+        self.post(OpenStream(stream_id))
         error = await reply  # cancelled: `_opened` closes the slot it gets
         if error is not None:
             raise CapacityError(error)
-        session = EngineSession(sid=sid)
-        self._sessions[sid] = session
-        self._gates[sid] = ChunkGate(self._status.geometry)
+        session = EngineSession(id=stream_id)
+        self._sessions[stream_id] = session
+        self._gates[stream_id] = ChunkGate(self._status.geometry)
         return session
 
     def push(self, session: EngineSession, samples: np.ndarray) -> None:
-        gate = self._gates.get(session.sid)
+        gate = self._gates.get(session.id)
         if samples.size and gate is not None and (chunk := gate.push(samples)) is not None:
-            self._audio.append((session.sid, chunk))
+            self._audio.append((session.id, chunk))
             self._schedule()
 
     def end(self, session: EngineSession) -> None:
-        gate = self._gates.pop(session.sid, None)
+        gate = self._gates.pop(session.id, None)
         if gate is not None and (rest := gate.flush()) is not None:
-            self._audio.append((session.sid, rest))  # leaves before the end (`_flush`)
-        self.post(EndStream(session.sid))
+            self._audio.append((session.id, rest))  # leaves before the end (`_flush`)
+        self.post(EndStream(session.id))
 
     def close(self, session: EngineSession) -> None:
         if not session.closed:
             session.closed = True
-            self._sessions.pop(session.sid, None)
-            self._gates.pop(session.sid, None)
-            self.post(CloseStream(session.sid))
+            self._sessions.pop(session.id, None)
+            self._gates.pop(session.id, None)
+            self.post(CloseStream(session.id))
 
     async def metrics_text(self) -> bytes:
         """The daemon's /metrics (the engine's process adds every front end's). Never fails: if
@@ -240,9 +240,9 @@ class RemoteEngine:
         self._flush_due = False
         batch = self._pending
         if self._audio:
-            sids = [sid for sid, _ in self._audio]
+            stream_ids = [stream_id for stream_id, _ in self._audio]
             sizes = [a.size for _, a in self._audio]
-            batch = [StreamAudio(sids, sizes, np.concatenate([a for _, a in self._audio])), *batch]
+            batch = [StreamAudio(stream_ids, sizes, np.concatenate([a for _, a in self._audio])), *batch]
             self._audio = []
         if batch:
             self._out.put(batch)
@@ -271,17 +271,17 @@ class RemoteEngine:
         for m in messages:
             match m:
                 case Results():
-                    for sid, result in m.items():
-                        if (s := self._sessions.get(sid)) is not None:
+                    for stream_id, result in m.items():
+                        if (s := self._sessions.get(stream_id)) is not None:
                             s.results.put_nowait(result)
-                case Done(sid):
-                    if (s := self._sessions.get(sid)) is not None:
+                case Done(stream_id):
+                    if (s := self._sessions.get(stream_id)) is not None:
                         s.results.put_nowait(None)
-                case Failed(sid, message):
-                    if (s := self._sessions.get(sid)) is not None:
+                case Failed(stream_id, message):
+                    if (s := self._sessions.get(stream_id)) is not None:
                         s.results.put_nowait(StreamFailed(message))
-                case Opened(sid, error):
-                    self._opened(sid, error)
+                case Opened(stream_id, error):
+                    self._opened(stream_id, error)
                 case Status():
                     self._on_status(m)
                 case Handoff():
@@ -296,12 +296,12 @@ class RemoteEngine:
                 case Reconfigure(config) if self.on_config is not None:
                     self.on_config(config)
 
-    def _opened(self, sid: int, error: str | None) -> None:
-        reply = self._opening.pop(sid, None)
+    def _opened(self, stream_id: int, error: str | None) -> None:
+        reply = self._opening.pop(stream_id, None)
         if reply is not None and not reply.done():
             reply.set_result(error)
         elif error is None:  # its connection went away while it waited: give the slot back
-            self.post(CloseStream(sid))
+            self.post(CloseStream(stream_id))
 
     def _on_status(self, status: Status) -> None:
         assert self._state is not None

@@ -324,3 +324,22 @@ def test_named_jobs_do_not_drain_the_steps_in_flight() -> None:
     assert asyncio.run(main()) == 0
     assert sent and sent[0] == (["status"], sent[0][1]) and sent[0][1] > 0
     assert read and read[0] > 0
+
+
+def test_engine_streams_are_numbered() -> None:
+    """Every engine stream has an integer id, unique in its process (a front end numbers its own
+    the same way: `RemoteEngine.open`)."""
+    rec = Recognizer(random_model(), capacity=3)
+
+    async def main() -> list[int]:
+        engine = Engine(rec, max_batch=3, batch_wait_s=0.0)
+        engine.start()
+        try:
+            first = await engine.open()
+            engine.close(first)
+            return [first.id] + [(await engine.open()).id for _ in range(3)]
+        finally:
+            await engine.stop()
+
+    ids = asyncio.run(main())
+    assert all(isinstance(i, int) and i >= 0 for i in ids) and len(set(ids)) == 4

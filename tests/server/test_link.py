@@ -44,7 +44,7 @@ def test_every_message_crosses_the_channel_unchanged() -> None:
     for sent, back in zip(EVERY, got):
         if isinstance(sent, link.StreamAudio):
             assert isinstance(back, link.StreamAudio)
-            assert (back.sids, back.sizes) == (sent.sids, sent.sizes)
+            assert (back.stream_ids, back.sizes) == (sent.stream_ids, sent.sizes)
             np.testing.assert_array_equal(back.samples, sent.samples)
         else:
             assert back == sent
@@ -66,7 +66,7 @@ def test_messages_are_frozen(message: object) -> None:
 
 def test_stream_audio_is_cut_per_stream_in_order() -> None:
     pieces = AUDIO.pieces()
-    assert [sid for sid, _ in pieces] == [3, 1, 3]
+    assert [stream_id for stream_id, _ in pieces] == [3, 1, 3]
     assert [p.tolist() for _, p in pieces] == [[0.0, 1.0], [], [2.0, 3.0, 4.0]]
     assert all(np.shares_memory(p, AUDIO.samples) for _, p in pieces if p.size)  # views: no copy
     assert link.StreamAudio([], [], np.zeros(0, np.float32)).pieces() == []
