@@ -14,12 +14,10 @@ session goes on. ``docs/protocol.md`` has the user-facing description.
 """
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import importlib.metadata
 import json
 import logging
-import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,7 +33,7 @@ from websockets.http11 import Response
 
 from streamd import protocol as p
 from streamd.config import MAX_ENDPOINT_MS
-from streamd.errors import SessionExpired, SlowConsumer, StreamdError, echo
+from streamd.errors import SlowConsumer, StreamdError, echo
 from streamd.server.context import StreamContext
 from streamd.server.handler import Connection
 from streamd.server.http import response
@@ -229,7 +227,6 @@ class ListenConnection(Connection):
         self.created = datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
         self.model_uuid = str(uuid.uuid5(uuid.NAMESPACE_URL, "streamd:" + state.model_name))
         self.sha256 = hashlib.sha256()
-        self.sender: asyncio.Task[None] | None = None
         self.announced = -1  # the last utterance whose SpeechStarted was sent
         self.heard_s = 0.0  # stream time of the end of the last word heard (interim or final)
         self.heard_pending = False  # words heard since the last UtteranceEnd
@@ -240,18 +237,14 @@ class ListenConnection(Connection):
             self.result_metadata["extra"] = dict(self.options.extra)
 
     async def _serve(self) -> str:
-        cfg = self.state.config.server
         for w in self.options.warnings:
             await self._error(ListenError("UnsupportedParameter", w.message, w.parameter))
         self.session.begin(self.options.start())
-        await self._run_commands()  # open the first segment
-        self.sender = asyncio.create_task(self._sender())
-        self.sender.add_done_callback(self._sender_done)
         reason = "shutdown"
-        try:
-            while (data := await self._recv(cfg.idle_timeout_s, allow_shutdown=True)) is not None:
-                if time.monotonic() - self.started > cfg.max_session_s:
-                    raise SessionExpired(f"session longer than max_session_s={cfg.max_session_s:g}")
+        with self._serving():
+            await self._run_commands()  # open the first segment
+            sender = self._start_sender()
+            while (data := await self._next_message()) is not None:
                 closing = await self._handle(data)
                 del data  # taken: the next receive waits without it
                 if closing:
@@ -259,13 +252,9 @@ class ListenConnection(Connection):
                     break
             self.session.end()
             await self._run_commands()
-            await self.sender
-        finally:
-            self.sender.cancel()
-            for segment_stream in self.engine_streams.values():
-                self.state.engine.close(segment_stream.engine)
+            await sender
         await self._send_json(self._metadata())
-        await self._close(p.CloseCode.NORMAL_CLOSURE if reason == "close stream" else p.CloseCode.GOING_AWAY)
+        await self.close(p.CloseCode.NORMAL_CLOSURE if reason == "close stream" else p.CloseCode.GOING_AWAY)
         return reason
 
     async def _handle(self, data: str | bytes) -> bool:
@@ -360,7 +349,7 @@ class ListenConnection(Connection):
 
     # -- sending -----------------------------------------------------------------------------------
     async def _send_json(self, body: dict[str, Any]) -> None:
-        await self._send_text(json.dumps(body, ensure_ascii=False, separators=(",", ":")))
+        await self.send_text(json.dumps(body, ensure_ascii=False, separators=(",", ":")))
 
     async def _error(self, e: ListenError) -> None:
         body = {"type": "Error", "variant": e.variant, "description": e.description}
@@ -374,6 +363,6 @@ class ListenConnection(Connection):
         try:
             if not isinstance(exc, SlowConsumer):  # a slow consumer is not reading: only the close frame
                 await self._error(ListenError(exc.code, exc.message))
-            await self._close(code, reason)
+            await self.close(code, reason)
         except (ConnectionClosed, SlowConsumer):
             self.ws.transport.abort()

@@ -8,8 +8,10 @@ and commands are is the session's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from websockets.asyncio.server import ServerConnection
@@ -20,7 +22,7 @@ from streamd.errors import (BacklogExceeded, CapacityError, IdleTimeout, Interna
                             SlowConsumer, StreamdError, StreamFailed)
 from streamd import protocol as p
 from streamd.server.context import StreamContext
-from streamd.server.resume import Attach, ResumeState, log_name, session_id_of
+from streamd.server.resume import Attach, Parking, carry, log_name, session_id_of
 from streamd.session.core import End, Open, Result, Segment, StreamSession
 
 log = logging.getLogger("streamd.server")
@@ -48,14 +50,11 @@ class Connection:
         self.log_id = log_name(self.id)  # logs never hold the session id (nor its resume secret)
         # Resume (streamd.server.resume): native streams record what they send once `start` is
         # taken; a dropped connection parks the stream for a client that resumes it.
-        self.resume = ResumeState(self.id)
-        self.resumable = False
-        self.handed_off = False
-        self._attached: Attach | None = None  # the connection a resume handed over, if any
-        self._send_lock = asyncio.Lock()
-        self._handoff_task: asyncio.Task[None] | None = None
-        self.engine_streams: dict[Segment, SegmentStream] = {}  # every segment's engine stream, closed when it ends
+        self.parking = Parking(self, self.id)
+        self.send_lock = asyncio.Lock()
+        self.engine_streams: dict[Segment, SegmentStream] = {}  # every segment's engine stream, closed at the end
         self.opened: asyncio.Queue[SegmentStream | None] = asyncio.Queue()  # to the sender, in order; None: no more
+        self.sender: asyncio.Task[None] | None = None  # the engine's results to the client (`_sender`)
         # At least 3 chunks: the first result needs a chunk plus the lookahead, so a smaller limit
         # would hold a paced client back before anything could be decoded.
         self.backlog_limit_s = max(state.config.server.max_backlog_s,
@@ -74,17 +73,14 @@ class Connection:
         except StreamdError as e:
             await self._fail(e)
         except ConnectionClosed as e:
-            reason = ("handed off" if self.handed_off else "client closed" if isinstance(e, ConnectionClosedOK)
+            reason = ("handed off" if self.parking.handed_off else "client closed" if isinstance(e, ConnectionClosedOK)
                       else "client gone")
         except Exception as e:  # a bug: report it to this client only
             log.exception("connection %s failed", self.log_id)
             await self._fail(InternalError(f"internal error: {type(e).__name__}"))
         finally:
             watcher.cancel()
-            if self.resumable:
-                self.state.sessions.remove(self.id)
-            if self._attached is not None:
-                self._attached.release()
+            self.parking.end()
             log.info("disconnect %s (%s) after %.1f s of audio", self.log_id, reason, self.session.received_s)
 
     async def _watch_shutdown(self) -> None:
@@ -109,18 +105,16 @@ class Connection:
                 log.warning("connection %s: a resume without the session's secret was refused", self.log_id)
             if attach is not None:
                 return await self._carry(attach)  # the session's commands are never run
-        sender: asyncio.Task[None] | None = None
-        try:
+        with self._serving():
             await self._run_commands()  # open the first segment
-            self.resumable = self.state.sessions.grace_s > 0
+            resumable = self.parking.enabled = self.state.sessions.grace_s > 0
             await self._send(p.Ready(self.id, self.state.model_name, self.state.device, self.state.dtype,
                                      self.state.chunk_ms, msg.sample_rate, self.session.rules,
                                      cfg.idle_timeout_s, cfg.max_session_s,
-                                     resume_secret=self.resume.secret if self.resumable else None))
-            if self.resumable:
-                self.state.sessions.add(self.resume, self._drop, self._handoff)
-            sender = asyncio.create_task(self._sender())
-            sender.add_done_callback(self._sender_done)
+                                     resume_secret=self.parking.state.secret if resumable else None))
+            if resumable:
+                self.parking.register()
+            sender = self._start_sender()
             reason = await self._receive_loop(sender)
             if reason == "shutdown":
                 self.session.end()
@@ -129,15 +123,36 @@ class Connection:
                 await self._flush_after_stop(sender)
             else:
                 await sender
-        finally:
-            if sender is not None:
-                sender.cancel()
-            for segment_stream in self.engine_streams.values():
-                self.state.engine.close(segment_stream.engine)
         await self._send(self.session.summary("shutdown" if reason == "shutdown" else "stop",
                                               time.monotonic() - self.started))
-        await self._close(p.CloseCode.GOING_AWAY if reason == "shutdown" else p.CloseCode.NORMAL_CLOSURE)
+        await self.close(p.CloseCode.GOING_AWAY if reason == "shutdown" else p.CloseCode.NORMAL_CLOSURE)
         return reason
+
+    @contextlib.contextmanager
+    def _serving(self) -> Iterator[None]:
+        """Around a face's stream: however it ends, the sender stops and every segment's engine
+        stream is closed."""
+        try:
+            yield
+        finally:
+            if self.sender is not None:
+                self.sender.cancel()
+            for segment_stream in self.engine_streams.values():
+                self.state.engine.close(segment_stream.engine)
+
+    def _start_sender(self) -> asyncio.Task[None]:
+        self.sender = asyncio.create_task(self._sender())
+        self.sender.add_done_callback(self._sender_done)
+        return self.sender
+
+    async def _next_message(self) -> str | bytes | None:
+        """The client's next message (within `idle_timeout_s`); None once the server shuts down.
+        Raises SessionExpired for a message after `max_session_s`."""
+        cfg = self.state.config.server
+        data = await self._recv(cfg.idle_timeout_s, allow_shutdown=True)
+        if data is not None and time.monotonic() - self.started > cfg.max_session_s:
+            raise SessionExpired(f"session longer than max_session_s={cfg.max_session_s:g}")
+        return data
 
     def _sender_done(self, task: asyncio.Task[None]) -> None:
         """A sender that failed ends the receive waiting now (the receive loop raises its error)."""
@@ -149,16 +164,13 @@ class Connection:
 
     async def _receive_loop(self, sender: asyncio.Task[None]) -> str:
         """Feed the session audio and controls until `stop` or shutdown; returns which."""
-        cfg = self.state.config.server
         while True:
-            if time.monotonic() - self.started > cfg.max_session_s:
-                raise SessionExpired(f"session longer than max_session_s={cfg.max_session_s:g}")
-            data = await self._recv(cfg.idle_timeout_s, allow_shutdown=True)
+            data = await self._next_message()
             if data is None:
                 return "shutdown"
             if isinstance(data, bytes):
                 self.session.proto.receive_audio()  # raises unless audio may come now
-                self.resume.audio_bytes += len(data)
+                self.parking.state.audio_bytes += len(data)
                 fed = await self._feed(data, sender)
                 del data  # taken: the next receive waits without it
                 if not fed:
@@ -169,7 +181,7 @@ class Connection:
             if isinstance(msg, p.Stop):
                 return "stop"
             elif isinstance(msg, p.Finalize):
-                self.resume.finalizes += 1
+                self.parking.state.finalizes += 1
 
     async def _run_commands(self) -> None:
         """Run the engine commands the session queued, in order."""
@@ -272,7 +284,7 @@ class Connection:
             try:
                 return await self._recv_one(timeout, allow_shutdown)
             except ConnectionClosed:
-                if not await self._reattach():
+                if not await self.parking.reattach():
                     raise
 
     async def _recv_one(self, timeout: float, allow_shutdown: bool) -> str | bytes | None:
@@ -330,85 +342,28 @@ class Connection:
         await self._send(result)
 
     async def _send(self, msg: p.ServerMessage) -> None:
-        async with self._send_lock:
+        async with self.send_lock:
             text = self.session.proto.encode(msg)
-            if not self.resumable:
-                await self._send_text(text)
+            if not self.parking.enabled:
+                await self.send_text(text)
                 return
-            self.resume.record(self.session.proto.seq - 1, text)
+            self.parking.state.record(self.session.proto.seq - 1, text)
             try:
-                await self._send_text(text)
+                await self.send_text(text)
             except ConnectionClosed:
                 pass  # kept for a resume; the receive side notices the drop
 
-    # -- resume (streamd.server.resume) --------------------------------------------------------
     async def _carry(self, attach: Attach) -> str:
-        """This connection resumed a parked session, which now uses it: wait until it lets go.
-        It is not a stream of its own."""
+        """This connection resumed a parked session, which now uses it (`resume.carry`). It is
+        not a stream of its own."""
         task = asyncio.current_task()
         if task is not None and task in self.state.live:
             self.state.live.discard(task)
             self.state.count_live()
             self.state.metrics.streams_active.dec()
-        log.info("connection %s resumes session %s", self.log_id, log_name(attach.session_id))
-        await attach.done
-        if attach.superseded:  # a newer resume of the session came first: never closed silently
-            await self._close(p.TAKEN_OVER_CLOSE, "session resumed on another connection")
-        elif not attach.used:  # the session ended before it took this connection
-            await self._close(p.CloseCode.GOING_AWAY, "session ended; resume elsewhere")
-        return "resumed " + log_name(attach.session_id)
+        return await carry(self, attach)
 
-    async def _reattach(self) -> bool:
-        """The connection dropped: park the stream until its client resumes it (True), or give
-        up after the grace period, on shutdown, drain or handoff (False)."""
-        while self.resumable and not (self.handed_off or self.state.draining or self.state.shutdown.is_set()):
-            if self._attached is not None:
-                self._attached.release()
-                self._attached = None
-            log.info("connection %s parked (%d s grace)", self.log_id, self.state.sessions.grace_s)
-            attach = await self.state.sessions.wait_resume(self.id, self.state.shutdown)
-            if attach is None:
-                return False
-            async with self._send_lock:
-                replay = self.resume.after(attach.last_seq)
-                if replay is None:
-                    attach.release()
-                    return False
-                self.ws, self._attached = attach.ws, attach
-                attach.used = True
-                resumed = p.Resumed(self.id, self.resume.audio_bytes, self.resume.finalizes)
-                try:
-                    await self._send_text(p.encode_message(resumed, attach.last_seq))
-                    for text in replay:
-                        await self._send_text(text)
-                except ConnectionClosed:
-                    continue  # the new connection is gone too: park again
-            log.info("connection %s resumed after seq %d (%d messages replayed)", self.log_id, attach.last_seq, len(replay))
-            return True
-        return False
-
-    def _drop(self) -> None:
-        """Close the current connection: a resume with the session's secret came while it still
-        looked alive. Its client is told (TAKEN_OVER_CLOSE); a dead peer is cut after 1 s."""
-        asyncio.ensure_future(self._close_taken_over(self.ws))
-
-    async def _close_taken_over(self, ws: ServerConnection) -> None:
-        try:
-            async with asyncio.timeout(1.0):
-                await ws.close(p.TAKEN_OVER_CLOSE, "session resumed on another connection")
-        except TimeoutError:
-            pass
-        finally:
-            ws.transport.abort()
-
-    def _handoff(self) -> None:
-        """End this stream's connection with the handoff close code; it is not parked."""
-        self.handed_off = True
-        if self._handoff_task is None:
-            self.state.metrics.resumes.labels(result="handoff").inc()
-            self._handoff_task = asyncio.ensure_future(self._close(p.HANDOFF_CLOSE, "handoff: resume elsewhere"))
-
-    async def _send_text(self, text: str) -> None:
+    async def send_text(self, text: str) -> None:
         """Send one message; a client that has not taken it within send_timeout_s is too slow.
 
         The websocket's write buffer (and the socket's) bound what waits for a slow client."""
@@ -419,7 +374,7 @@ class Connection:
         except TimeoutError:
             raise SlowConsumer(f"results not read for {timeout:g} s (send_timeout_s)") from None
 
-    async def _close(self, code: int, reason: str = "") -> None:
+    async def close(self, code: int, reason: str = "") -> None:
         """The closing handshake, or a dropped connection if it takes longer than send_timeout_s."""
         try:
             async with asyncio.timeout(self.state.config.server.send_timeout_s):
@@ -434,6 +389,6 @@ class Connection:
             # A slow consumer is not reading: its close frame (with the reason) is all it may still see.
             if self.session.proto.phase is not p.Phase.CLOSED and not isinstance(exc, SlowConsumer):
                 await self._send(p.Error.from_exception(exc))
-            await self._close(code, reason)
+            await self.close(code, reason)
         except (ConnectionClosed, SlowConsumer):
             self.ws.transport.abort()

@@ -20,12 +20,17 @@ which replays the messages after `last_seq` and reads on. No client within the g
 the stream ends as if the client had gone. A parked stream keeps its slot, but a new stream that
 finds the daemon full takes the slot of the one parked longest (:meth:`Sessions.evict`), in
 whichever front-end process it is (`StreamContext.make_room`).
+
+:class:`Parking` is one native stream's side of all this, beside its connection
+(`server/handler.py`): it parks the stream, hands it a resuming connection with the replay, and
+closes a connection taken over or handed off.
 """
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import hmac
+import logging
 import math
 import secrets
 import time
@@ -33,10 +38,17 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from websockets.asyncio.server import ServerConnection
+from websockets.exceptions import ConnectionClosed
 
+from streamd import protocol as p
+
+if TYPE_CHECKING:
+    from streamd.server.context import StreamContext
+
+log = logging.getLogger("streamd.server")
 SESSION_HEADER = "X-Streamd-Session"
 RING = 4096  # messages kept per session for a replay
 RING_BYTES = 1 << 20  # and at most this much text: the oldest go first
@@ -235,3 +247,112 @@ class Sessions:
         self._entries.pop(entry.state.session_id, None)
         if entry.waiting is not None and not entry.waiting.done():
             entry.waiting.set_result(None)
+
+
+class Carrier(Protocol):
+    """What parking needs of the connection that carries a stream (`handler.Connection`); a
+    resume replaces its `ws`."""
+
+    ws: ServerConnection
+    log_id: str
+    state: StreamContext
+    send_lock: asyncio.Lock
+
+    async def send_text(self, text: str) -> None: ...
+
+    async def close(self, code: int, reason: str = "") -> None: ...
+
+
+class Parking:
+    """One native stream's resume (the module doc): what it sent (`state`), whether it is
+    resumable (`enabled`, from its `ready` on), and the parking, taking over and handing off of
+    its connection (`conn`)."""
+
+    def __init__(self, conn: Carrier, session_id: str) -> None:
+        self.conn = conn
+        self.state = ResumeState(session_id)
+        self.enabled = False
+        self.handed_off = False
+        self._attached: Attach | None = None  # the connection a resume handed over, if any
+        self._handoff_task: asyncio.Task[None] | None = None
+
+    @property
+    def session_id(self) -> str:
+        return self.state.session_id
+
+    def register(self) -> None:
+        """The stream is resumable from now on (its `ready` carries the secret)."""
+        self.conn.state.sessions.add(self.state, self.drop, self.handoff)
+
+    def end(self) -> None:
+        """The stream's connection ended: no resume from now on; a carried connection is let go."""
+        if self.enabled:
+            self.conn.state.sessions.remove(self.session_id)
+        if self._attached is not None:
+            self._attached.release()
+
+    async def reattach(self) -> bool:
+        """The connection dropped: park the stream until its client resumes it (True: the
+        resuming connection carries it now, the messages after its `last_seq` replayed), or give
+        up after the grace period, on shutdown, drain or handoff (False)."""
+        conn, state = self.conn, self.conn.state
+        while self.enabled and not (self.handed_off or state.draining or state.shutdown.is_set()):
+            if self._attached is not None:
+                self._attached.release()
+                self._attached = None
+            log_id = conn.log_id
+            log.info("connection %s parked (%d s grace)", log_id, state.sessions.grace_s)
+            attach = await state.sessions.wait_resume(self.session_id, state.shutdown)
+            if attach is None:
+                return False
+            async with conn.send_lock:
+                replay = self.state.after(attach.last_seq)
+                if replay is None:
+                    attach.release()
+                    return False
+                conn.ws, self._attached = attach.ws, attach
+                attach.used = True
+                resumed = p.Resumed(self.session_id, self.state.audio_bytes, self.state.finalizes)
+                try:
+                    await conn.send_text(p.encode_message(resumed, attach.last_seq))
+                    for text in replay:
+                        await conn.send_text(text)
+                except ConnectionClosed:
+                    continue  # the new connection is gone too: park again
+            log.info("connection %s resumed after seq %d (%d messages replayed)", log_id, attach.last_seq, len(replay))
+            return True
+        return False
+
+    def drop(self) -> None:
+        """Close the current connection: a resume with the session's secret came while it still
+        looked alive. Its client is told (TAKEN_OVER_CLOSE); a dead peer is cut after 1 s."""
+        asyncio.ensure_future(_close_taken_over(self.conn.ws))
+
+    def handoff(self) -> None:
+        """End this stream's connection with the handoff close code; it is not parked."""
+        self.handed_off = True
+        if self._handoff_task is None:
+            self.conn.state.metrics.resumes.labels(result="handoff").inc()
+            self._handoff_task = asyncio.ensure_future(self.conn.close(p.HANDOFF_CLOSE, "handoff: resume elsewhere"))
+
+
+async def carry(conn: Carrier, attach: Attach) -> str:
+    """`conn` resumed a parked session, which now uses its websocket: wait until the session lets
+    go of it, then close it if the session did not (returns why, for the log)."""
+    log.info("connection %s resumes session %s", conn.log_id, log_name(attach.session_id))
+    await attach.done
+    if attach.superseded:  # a newer resume of the session came first: never closed silently
+        await conn.close(p.TAKEN_OVER_CLOSE, "session resumed on another connection")
+    elif not attach.used:  # the session ended before it took this connection
+        await conn.close(p.CloseCode.GOING_AWAY, "session ended; resume elsewhere")
+    return "resumed " + log_name(attach.session_id)
+
+
+async def _close_taken_over(ws: ServerConnection) -> None:
+    try:
+        async with asyncio.timeout(1.0):
+            await ws.close(p.TAKEN_OVER_CLOSE, "session resumed on another connection")
+    except TimeoutError:
+        pass
+    finally:
+        ws.transport.abort()
