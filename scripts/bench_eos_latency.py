@@ -19,6 +19,9 @@ wall time from sending its last speech message to receiving its final:
   An utterance that gets no such final before the next one ends is counted as missed (a random
   model may emit tokens in the silence and never endpoint).
 
+Partials: Realtime always sends its deltas; native and Deepgram streams ask for none unless
+`--interim` (Deepgram `interim_results=true`, with words, as Pipecat asks for them).
+
 Levels: each face x mode x `--streams` value runs for `--seconds`, stream starts spread over
 `--ramp-s` (random phases against the daemon's steps). Prints p50 / p95 / p99 per level and writes
 JSON with the machine. Starts a daemon (`--model`, default: a random FastConformer-L as in
@@ -74,8 +77,10 @@ def speech_clip(path: Path, send_ms: int) -> load.Audio:
 class Face:
     """Connects, sends audio and the end of an utterance, and tells its finals."""
 
-    def __init__(self, face: str, mode: str, url: str, rate: int, endpoint_ms: int | None) -> None:
+    def __init__(self, face: str, mode: str, url: str, rate: int, endpoint_ms: int | None,
+                 interim: bool = False) -> None:
         self.face, self.mode, self.url, self.rate, self.endpoint_ms = face, mode, url, rate, endpoint_ms
+        self.interim = interim  # native and Deepgram: partials too (Realtime always sends its deltas)
 
     async def open(self) -> Any:
         finalize = self.mode == "finalize"
@@ -83,7 +88,7 @@ class Face:
             ws = await websockets.connect(self.url + "/v1/stream", max_size=None)
             ep: Any = False if finalize else ({"silence_after_speech_ms": self.endpoint_ms} if self.endpoint_ms else True)
             await ws.send(json.dumps({"type": "start", "sample_rate": self.rate, "encoding": "s16le",
-                                      "interim_results": False, "endpointing": ep}))
+                                      "interim_results": self.interim, "endpointing": ep}))
             assert json.loads(await ws.recv())["type"] == "ready"
         elif self.face == "realtime":
             ws = await websockets.connect(self.url + "/v1/realtime?intent=transcription", max_size=None)
@@ -96,7 +101,8 @@ class Face:
         else:
             ep = "false" if finalize else (str(self.endpoint_ms) if self.endpoint_ms else "true")
             ws = await websockets.connect(f"{self.url}/v1/listen?encoding=linear16&sample_rate={self.rate}"
-                                          f"&endpointing={ep}", max_size=None)
+                                          f"&endpointing={ep}&interim_results={str(self.interim).lower()}",
+                                          max_size=None)
         return ws
 
     def audio(self, pcm: bytes) -> str | bytes:
@@ -175,7 +181,7 @@ async def run_stream(face: Face, clip: load.Audio, silence_s: float, seconds: fl
 
 
 async def run_streams(spec: dict[str, Any], n: int, offsets: list[float]) -> list[dict[str, Any]]:
-    face = Face(spec["face"], spec["mode"], spec["url"], spec["clip"].rate, spec["endpoint_ms"])
+    face = Face(spec["face"], spec["mode"], spec["url"], spec["clip"].rate, spec["endpoint_ms"], spec["interim"])
 
     async def bounded(offset: float) -> dict[str, Any]:  # a stalled stream is reported, not waited for
         limit = spec["start_at"] + offset - time.time() + spec["seconds"] + 60
@@ -199,7 +205,7 @@ def run_level(url: str, face: str, mode: str, n: int, clip: load.Audio, args: ar
     offsets = list(np.random.default_rng(n).uniform(0, args.ramp_s if n > 1 else 0, n))
     spec = {"face": face, "mode": mode, "url": url, "clip": clip, "silence_s": args.silence_s,
             "seconds": args.seconds, "send_s": args.send_ms / 1000, "start_at": time.time() + 1.0,
-            "endpoint_ms": args.endpoint_ms}
+            "endpoint_ms": args.endpoint_ms, "interim": args.interim}
     if pool is None or n < args.client_procs:
         streams = asyncio.run(run_streams(spec, n, offsets))
     else:
@@ -263,6 +269,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--silence-s", type=float, default=1.6, help="silence after each utterance (default: 1.6)")
     p.add_argument("--endpoint-ms", type=int, default=None, help="endpoint silence for every face (default: the "
                    "server's)")
+    p.add_argument("--interim", action="store_true", help="native and Deepgram streams ask for partials too "
+                   "(interim results, as Pipecat's Deepgram client does; Realtime always sends them)")
     p.add_argument("--send-ms", type=int, default=20, help="audio per client message (default: 20, as Pipecat)")
     p.add_argument("--speech", type=Path, default=SPEECH, help="speech WAV (default: the espeak test fixture)")
     p.add_argument("--client-procs", type=int, default=1)

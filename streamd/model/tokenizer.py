@@ -14,6 +14,8 @@ class Tokenizer:
         self.model_proto = model_proto
         self._sp = spm.SentencePieceProcessor()
         self._sp.LoadFromSerializedProto(model_proto)
+        # per piece: whether it begins a word (asked for every token of every result with words)
+        self._word_starts = [self._sp.IdToPiece(i).startswith("\u2581") for i in range(self._sp.GetPieceSize())]
 
     @property
     def vocab_size(self) -> int:
@@ -30,21 +32,16 @@ class Tokenizer:
 
     def starts_word(self, i: int) -> bool:
         """True if piece i begins a new word (SentencePiece's U+2581 prefix)."""
-        return self.id_to_piece(i).startswith("\u2581")
+        return self._word_starts[int(i)]
 
     def words(self, ids: Sequence[int], times: Sequence[int]) -> list[tuple[str, int, int]]:
-        """Group tokens into words: [(word, first token time, last token time)] in frames."""
-        groups: list[tuple[list[int], int, int]] = []
-        for i, t in zip(ids, times):
-            if not groups or self.starts_word(i):
-                groups.append(([int(i)], int(t), int(t)))
-            else:
-                toks, start, _ = groups[-1]
-                toks.append(int(i))
-                groups[-1] = (toks, start, int(t))
+        """Group tokens into words: [(word, first token time, last token time)] in frames. A word
+        begins at the first token and at each piece that starts one."""
+        n = min(len(ids), len(times))
+        starts = [k for k in range(n) if k == 0 or self._word_starts[int(ids[k])]]
         out = []
-        for toks, start, end in groups:
-            word = self.decode(toks).strip()
+        for a, b in zip(starts, starts[1:] + [n]):
+            word = self.decode(ids[a:b]).strip()
             if word:
-                out.append((word, start, end))
+                out.append((word, int(times[a]), int(times[b - 1])))
         return out

@@ -104,8 +104,14 @@ class ListenOptions:
             endpointing = p.EndpointingOptions()
         else:
             endpointing = p.EndpointingOptions(silence_after_speech_ms=self.endpointing)
-        return p.Start(sample_rate=self.sample_rate, encoding="s16le", interim_results=True, word_times=True,
-                       endpointing=endpointing)
+        return p.Start(sample_rate=self.sample_rate, encoding="s16le", interim_results=self.hears_partials,
+                       word_times=True, endpointing=endpointing)
+
+    @property
+    def hears_partials(self) -> bool:
+        """Whether the session's partials matter: interim ``Results``, or the words that time
+        ``SpeechStarted`` and ``UtteranceEnd``. Without them a step costs what a native one does."""
+        return self.interim_results or self.vad_events or self.utterance_end_ms is not None
 
 
 # -- the query --------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ timeouts, engine slots and back-pressure.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, cast
 
 from streamd import protocol as p
@@ -70,6 +70,19 @@ class End:
 Command = Open | Push | End
 
 
+@dataclass
+class _SettledWords:
+    """The open utterance's words that no later token can change: those of its first
+    `len(tokens)` tokens (whole words, ending within the audio received), for `open_words` to
+    decode only the rest."""
+
+    tracker: UtteranceTracker | None = None
+    index: int = -1  # the tracker's utterance
+    tokens: list[int] = field(default_factory=list)
+    times: list[int] = field(default_factory=list)
+    words: tuple[p.Word, ...] = ()
+
+
 class StreamSession:
     """The protocol and result state of one stream.
 
@@ -103,6 +116,7 @@ class StreamSession:
         self._commands: list[Command] = []
         self._tracker: tuple[Segment, UtteranceTracker] | None = None  # of the segment whose results come in
         self._next_utterance = 0  # the first utterance index of the next segment
+        self._settled = _SettledWords()  # of the open utterance, for `open_words`
         self.activity = (Activity(self.rate, gate.min_dbfs, gate.rise_db)
                          if gate is not None and gate.mode == "on" else None)
 
@@ -223,11 +237,25 @@ class StreamSession:
 
     def open_words(self) -> tuple[p.Word, ...]:
         """The words of the open utterance as its latest partial says them, with stream times
-        (for a face whose partials carry words; the native ``partial`` does not)."""
+        (for a face whose partials carry words; the native ``partial`` does not). A call per
+        partial decodes only the words since the last call's settled ones (not the whole
+        utterance again: that made a long utterance's partials quadratic)."""
         if self._tracker is None:
             return ()
         segment, tracker = self._tracker
-        return self._words(segment, tracker.tokens, tracker.times)
+        tokens, times, settled = tracker.tokens, tracker.times, self._settled
+        n = len(settled.tokens)
+        if (settled.tracker is not tracker or settled.index != tracker.index or tokens[:n] != settled.tokens
+                or times[:n] != settled.times):
+            settled = self._settled = _SettledWords(tracker, tracker.index)
+            n = 0
+        # Words before the last word start are whole; those ending within the audio received
+        # keep their times (`_clipped` cannot cut them later).
+        last = next((i for i in range(len(tokens) - 1, n, -1) if self.tokenizer.starts_word(tokens[i])), n)
+        if last > n and self._seconds(segment, times[last - 1] + 1) <= self.received_s:
+            settled.words += self._words(segment, tokens[n:last], times[n:last])
+            settled.tokens, settled.times, n = tokens[:last], times[:last], last
+        return settled.words + self._words(segment, tokens[n:], times[n:])
 
     def _words(self, segment: Segment, tokens: list[int], times: list[int]) -> tuple[p.Word, ...]:
         """The words of `tokens` with their times, never past the audio received."""

@@ -15,6 +15,7 @@ import pytest
 import websockets
 
 from daemon import config, running, stream_pcm
+from streamd.server.deepgram import parse_options
 from streamd.server.realtime import G711
 from test_realtime import EventClient, g711_encode, native_finals, pieces, s16, speech
 
@@ -96,6 +97,16 @@ def test_results_speech_events_and_metadata_like_the_native_protocol() -> None:
     assert meta["request_id"] == client.of("Results")[0]["metadata"]["request_id"]
     assert meta["requested"] == {"model": "nova-3", "language": "en-US"} and meta["warnings"] == []
     assert meta["model_info"][meta["models"][0]]["name"] == "tiny_streaming_fastconformer_rnnt"
+
+
+def test_the_session_makes_partials_only_for_a_message_that_needs_them() -> None:
+    """Without interim results, vad_events or utterance_end_ms no message needs a partial: the
+    session makes none (each cost the words of the open utterance, every step; a thousand such
+    streams saturated the front ends while native ones did not)."""
+    base = "/v1/listen?encoding=linear16&sample_rate=16000&endpointing=false"
+    assert not parse_options(base).start().interim_results
+    for option in ("interim_results=true", "vad_events=true", "utterance_end_ms=1000"):
+        assert parse_options(f"{base}&{option}").start().interim_results, option
 
 
 def test_finalize_keepalive_and_endpointing_off() -> None:

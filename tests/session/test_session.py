@@ -140,6 +140,41 @@ def test_times_are_where_the_words_are_and_end_within_the_audio() -> None:
     assert finals[0].words is not None and finals[0].start == finals[0].words[0].start
 
 
+def test_open_words_decode_each_word_about_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A face whose partials carry words (Deepgram's) asks for the open utterance's words after
+    every step: each call decodes the words since the last, not the whole utterance again (that
+    was quadratic in a long utterance and saturated the front ends at 1000 streams)."""
+    s, seg = started(word_times=True, endpointing=False)
+    s.receive(pcm(13.0))  # 80 words of 2 frames: 12.8 s
+    decoded: list[int] = []
+    decode = TOK.decode
+    monkeypatch.setattr(TOK, "decode", lambda ids: decoded.append(len(ids)) or decode(ids))
+    seen, tokens = [], 0
+    for i, word in enumerate(["the", "fox"] * 40):  # a word every step of 2 frames, no endpoint
+        s.receive_result(seg, ChunkResult(TOK.encode(word), [2 * i + 1] * len(TOK.encode(word)), 2 * i, 2 * i + 2))
+        decoded.clear()
+        seen.append(s.open_words())
+        tokens += sum(decoded)
+    assert tokens <= 2 * 3 * 80, "a call decodes the last word and the one before it, not every word"
+    s.receive(STOP)
+    s.commands()
+    [final] = s.segment_flushed(seg)
+    assert isinstance(final, p.Final) and final.words is not None and len(final.words) == 80
+    assert all(words == final.words[:i + 1] for i, words in enumerate(seen))
+
+
+def test_open_words_end_within_the_audio_as_it_comes() -> None:
+    """A word past the audio received is clipped to it in the open words, and gets its own end
+    once the audio is there (the words decoded before are not kept with the clipped time)."""
+    s, seg = started(word_times=True, endpointing=False)
+    s.receive(pcm(0.2))
+    s.receive_result(seg, ChunkResult(FOX, [1, 2, 3], 0, 4))  # "fox" ends at frame 4: 0.32 s
+    assert s.open_words() == (p.Word("fox", 0.08, 0.2),)
+    s.receive(pcm(0.2))
+    s.receive_result(seg, ChunkResult(THE, [4], 4, 5))
+    assert s.open_words() == (p.Word("fox", 0.08, 0.32), p.Word("the", 0.32, 0.4))
+
+
 def test_without_interim_results_only_finals() -> None:
     s, seg = started(interim_results=False)
     s.receive(pcm(1.0))
