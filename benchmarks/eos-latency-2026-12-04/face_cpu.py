@@ -94,7 +94,8 @@ async def connection(name: str, tokenizer: Tokenizer) -> Connection:
         await c._run_commands()
     else:
         c = RealtimeConnection(Socket("/v1/realtime"), state)  # type: ignore[arg-type]
-        c.config = c.config.__class__(rate=16000, vad=False)
+        face_state = c.face if hasattr(c, "face") else c  # the settings' owner since issue 31: RealtimeFace
+        face_state.config = face_state.config.__class__(rate=16000, vad=False)
     return c
 
 
