@@ -36,7 +36,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -364,11 +363,10 @@ def py_spy(pid: int, args: argparse.Namespace, name: str) -> subprocess.Popen[by
 def build_model(args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
     if args.model:
         return Path(args.model), {"path": args.model}
-    from bench_migration import make_model
+    from bench_migration import random_model_file
 
-    path = Path(tempfile.mkdtemp()) / "fastconformer-l-random.pt"
     t0 = time.monotonic()
-    make_model(path, vocab=1024)
+    path = random_model_file()
     from streamd.model.checkpoint import load_model
 
     m = load_model(path).model

@@ -39,7 +39,6 @@ import base64
 import json
 import resource
 import sys
-import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
@@ -238,11 +237,9 @@ def build_model(args: argparse.Namespace) -> str:
         return str(resolve_model_path(None))
     if args.model:
         return str(args.model)
-    from bench_migration import make_model
+    from bench_migration import random_model_file
 
-    path = Path(tempfile.mkdtemp()) / "fastconformer-l-random.pt"
-    make_model(path, vocab=1024)
-    return str(path)
+    return str(random_model_file())
 
 
 def raise_fd_limit() -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -47,13 +46,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    path = args.model
-    if path is None:
-        from bench_migration import make_model
+    from bench_migration import random_model_file  # scripts/: torch and sentencepiece, as here
 
-        path = Path(tempfile.mkdtemp()) / "fastconformer-l-random.pt"
-        make_model(path, vocab=1024)
-    loaded = load_model(path)
+    loaded = load_model(args.model or random_model_file())
     att_context = loaded.model.dims.att_context_with_right(CHUNK_RC[args.chunk_ms])
     model = placed_copy(loaded.model, parse_device(args.device), parse_dtype(args.dtype))
     n, mode = args.streams, "auto" if args.graphs == "on" else EAGER

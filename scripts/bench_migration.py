@@ -75,6 +75,13 @@ def make_model(path: Path, vocab: int, seed: int = 0) -> None:
     save_streamd(path, m, tok, "fastconformer-l-random")
 
 
+def random_model_file(vocab: int = 1024) -> Path:
+    """`make_model` into a new temporary folder: the benchmarks' default model file."""
+    path = Path(tempfile.mkdtemp()) / "fastconformer-l-random.pt"
+    make_model(path, vocab)
+    return path
+
+
 WARM_FRAMES = 25  # 2 s of encoder frames
 
 

@@ -19,7 +19,6 @@ import cProfile
 import json
 import pstats
 import sys
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -135,13 +134,9 @@ def main() -> None:
                     help="also print the N operators and kernels with the most GPU time (torch.profiler)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    path = args.model
-    if path is None:
-        from bench_migration import make_model
+    from bench_migration import random_model_file  # scripts/: torch and sentencepiece, as here
 
-        path = Path(tempfile.mkdtemp()) / "fastconformer-l-random.pt"
-        make_model(path, vocab=1024)
-    loaded = load_model(path)
+    loaded = load_model(args.model or random_model_file())
     att_context = loaded.model.dims.att_context_with_right(CHUNK_RC[args.chunk_ms])
     model = placed_copy(loaded.model, parse_device(args.device), parse_dtype(args.dtype))
     n = args.streams
