@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -213,18 +214,24 @@ def test_a_target_without_room_is_refused_before_anything_is_allocated(monkeypat
     asyncio.run(main())
 
 
+
+def room_for_two_graphs() -> Callable[[torch.device], tuple[int, int]]:
+    """A `migration.free_memory` whose first call (the weights and state check) and the next two
+    (room for two graphs) find plenty free, and every later one less than the share kept for serving."""
+    checks: list[int] = []
+
+    def free_memory(device: torch.device) -> tuple[int, int]:
+        checks.append(1)
+        return (10**12 if len(checks) <= 3 else 10**9, 10**12)
+
+    return free_memory
+
 def test_graphs_stop_at_the_memory_kept_for_serving_and_the_rest_follow_the_move(monkeypatch: pytest.MonkeyPatch) -> None:
     """Free memory falls to the share kept for serving after two captures: the move goes on,
     the report counts the batch sizes left, and each is captured on its first step after it."""
     master = random_model(seed=2, att_context_sizes=CONTEXT)
     made = Made()
-    checks: list[int] = []
-
-    def free_memory(device: torch.device) -> tuple[int, int]:
-        checks.append(1)  # 1st: the weights and state check; 2nd, 3rd: room for two graphs; then none
-        return (10**12 if len(checks) <= 3 else 10**9, 10**12)
-
-    monkeypatch.setattr(migration, "free_memory", free_memory)
+    monkeypatch.setattr(migration, "free_memory", room_for_two_graphs())
     rng = np.random.default_rng(2)
 
     async def main() -> None:
@@ -285,12 +292,6 @@ def test_the_sizes_called_last_are_prepared_first(monkeypatch: pytest.MonkeyPatc
     decoder graphs left over opened a 250-350 ms gap)."""
     master = random_model(seed=2, att_context_sizes=CONTEXT)
     made = Made()
-    checks: list[int] = []
-
-    def free_memory(device: torch.device) -> tuple[int, int]:
-        checks.append(1)  # 1st: the weights and state check; 2nd, 3rd: room for two graphs; then none
-        return (10**12 if len(checks) <= 3 else 10**9, 10**12)
-
     rng = np.random.default_rng(3)
 
     async def main() -> None:
@@ -305,7 +306,7 @@ def test_the_sizes_called_last_are_prepared_first(monkeypatch: pytest.MonkeyPatc
             session = await engine.open()
             feed(engine, [session], rng.standard_normal(rec.geometry.chunk_ms * 16).astype(np.float32) * 0.1)
             await results([session], 1)
-            monkeypatch.setattr(migration, "free_memory", free_memory)
+            monkeypatch.setattr(migration, "free_memory", room_for_two_graphs())
             report = await engine.migrate(master, None, torch.bfloat16)
             assert report.ok and report.graphs_deferred == len(enc_sizes) + len(dec_sizes) - 2, report
             assert rec.graph_sizes() == ([bucket_size(1, rec.encoder_step.per_octave)],
