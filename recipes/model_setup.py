@@ -5,6 +5,8 @@ in training mode and leave the state dict untouched.
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -40,6 +42,44 @@ def build_dims(size: str, vocab_size: int) -> ModelDims:
 
 def count_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def deepen(model: Transducer, n_layers: int) -> Transducer:
+    """A deeper copy of `model` that computes the same function (up to LayerNorm's eps).
+
+    Each new layer follows an old one, spread evenly (8 -> 12: after old layers 1, 3, 5, 7). The
+    old layer's output norm loses its affine (its output is then exactly normalised) and the new
+    layer, a copy of the old one, gets that affine and zeroed output projections (both
+    feed-forwards, attention, convolution): its residual branches add nothing, and its output norm
+    re-applies the affine to already normalised input. Training then grows the new layers out
+    of zero, as a freshly added branch would. Everything outside the encoder's layers is copied.
+    """
+    old = model.dims.n_layers
+    extra = n_layers - old
+    if not 0 < extra <= old:
+        raise ValueError(f"deepen: {old} -> {n_layers} layers: add between 1 and {old}")
+    after = {round((j + 1) * old / extra) - 1 for j in range(extra)}
+    layers: list[nn.Module] = []
+    for i, layer in enumerate(model.encoder.layers):
+        layer = copy.deepcopy(layer)
+        layers.append(layer)
+        if i in after:
+            twin = copy.deepcopy(layer)
+            with torch.no_grad():
+                layer.norm_out.weight.fill_(1.0)
+                layer.norm_out.bias.zero_()
+                for out in (twin.feed_forward1.linear2, twin.feed_forward2.linear2,
+                            twin.self_attn.linear_out, twin.conv.pointwise_conv2):
+                    out.weight.zero_()
+                    if out.bias is not None:
+                        out.bias.zero_()
+            layers.append(twin)
+    deeper = Transducer(dataclasses.replace(model.dims, n_layers=n_layers))
+    state = {k: v for k, v in model.state_dict().items() if not k.startswith("encoder.layers.")}
+    state.update({f"encoder.layers.{i}.{k}": v for i, layer in enumerate(layers)
+                  for k, v in layer.state_dict().items()})
+    deeper.load_state_dict(state)
+    return deeper
 
 
 def train_tokenizer(texts: Iterable[str], path: str | Path, vocab_size: int) -> Tokenizer:

@@ -49,6 +49,7 @@ from recipes.model_setup import (
     add_dropout,
     build_dims,
     count_params,
+    deepen,
     spec_augment,
     train_tokenizer,
     vtlp,
@@ -110,6 +111,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--resume", type=Path, help="last.pt (whole, or last.pt.000... parts) to continue from")
     a("--init-from", type=Path, help="a streamd model file: start from its weights, dims and tokenizer "
                                      "with a fresh optimizer and schedule (e.g. the shipped model)")
+    a("--deepen", type=int, help="with --init-from: grow the encoder to this many layers, computing the "
+                                 "same function at the start (model_setup.deepen)")
     a("--out", type=Path, required=True)
     a("--minutes", type=float, help="wall-clock budget of this run; it stops, evaluates and saves within it")
     a("--max-steps", type=int, default=6000, help="end of training and of the cosine schedule")
@@ -332,7 +335,11 @@ def main(argv: list[str] | None = None) -> Progress:
         log(f"resuming from {args.resume} (step {blob['progress']['step']}); model dims and tokenizer from it")
     elif args.init_from:
         init = load_model(args.init_from)
-        model, tokenizer, dims = init.model, init.tokenizer, init.model.dims
+        model, tokenizer = init.model, init.tokenizer
+        if args.deepen:
+            model = deepen(model, args.deepen)
+            log(f"deepened the encoder from {init.model.dims.n_layers} to {args.deepen} layers")
+        dims = model.dims
         args.tokenizer.parent.mkdir(parents=True, exist_ok=True)
         args.tokenizer.write_bytes(tokenizer.model_proto)
         log(f"starting from the weights of {args.init_from} ({init.name}); fresh optimizer")

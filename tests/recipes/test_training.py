@@ -18,6 +18,7 @@ from recipes.model_setup import (
     MAX_CHECKPOINT_BYTES,
     build_dims,
     count_params,
+    deepen,
     train_tokenizer,
     vtlp,
 )
@@ -178,6 +179,29 @@ def tiny_model_and_batch(corpus: Path, tmp_path: Path) -> tuple[Transducer, Batc
     tok = train_tokenizer([u.text for u in utts], tmp_path / "tok.model", 64)
     ds = SpeechDataset(utts, [tok.encode(u.text) for u in utts])
     return Transducer(build_dims("tiny", tok.vocab_size)), collate([ds[(i, 0, 0)] for i in range(len(utts))])
+
+
+@pytest.mark.parametrize("n_layers", [3, 4])
+def test_deepen_keeps_the_function_and_the_new_layers_learn(n_layers: int) -> None:
+    torch.manual_seed(0)
+    model = Transducer(build_dims("tiny", 40)).eval()
+    with torch.no_grad():  # output norms with a real affine, as a trained model has
+        for layer in model.encoder.layers:
+            layer.norm_out.weight.normal_(1.0, 0.3)
+            layer.norm_out.bias.normal_(0.0, 0.3)
+    deeper = deepen(model, n_layers).eval()
+    assert deeper.dims.n_layers == n_layers == len(deeper.encoder.layers)
+    mel, lengths = torch.randn(2, 80, 120), torch.tensor([120, 90])
+    for context in deeper.dims.att_context_sizes:
+        want, want_len = model.encoder(mel, lengths, context)
+        got, got_len = deeper.encoder(mel, lengths, context)
+        assert torch.equal(want_len, got_len)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    got.sum().backward()
+    new = deeper.encoder.layers[-1]  # a new layer always follows the last old one
+    assert not new.self_attn.linear_out.weight.any() and new.self_attn.linear_out.weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError):
+        deepen(model, 5)
 
 
 def test_tiny_training_steps_reduce_the_loss(corpus: Path, tmp_path: Path) -> None:
