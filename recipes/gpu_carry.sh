@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The CPU-machine side of recipes/run_gpu.sh, from the repository root:
 #
-#   bash recipes/gpu_carry.sh prepare           once: pack the text (4.4 MB -> 1.2 MB), make .carry/ckpt
+#   bash recipes/gpu_carry.sh prepare           once: pack the text (4.4 MB -> 1.4 MB) and the engines for
+#                                              train calls (.carry/tts/root-lean.tar.xz), make .carry/ckpt
 #   bash recipes/gpu_carry.sh kokoro [MAX_MIB]  pack the Kokoro speech made so far (default 15 MiB)
 #   bash recipes/gpu_carry.sh kokoro-eval       pack the reserved Kokoro voices' speech (eval calls)
 #   bash recipes/gpu_carry.sh classic N [MAX_MIB] N utterances of the classic engines made here, packed
@@ -24,12 +25,23 @@ prepare)
     [ -f .carry/tts/root.tar.xz ] || { echo "run recipes/synthetic/engines.sh first"; exit 1; }
     [ -s .carry/text/train.txt ] || { echo "run python -m recipes.synthetic.text --out .carry/text first"; exit 1; }
     tar -cJf .carry/text.tar.xz -C .carry text/train.txt text/dev.txt text/eval.txt
+    # train calls: the engines without festival (train calls synthesise with
+    # SYNTH_ENGINES=espeak-ng,espeak,flite) and without the reserved flite voice: 25 -> ~12 MiB
+    tar -xJf .carry/tts/root.tar.xz -C .carry/tts
+    tar -cJf .carry/tts/root-lean.tar.xz -C .carry/tts --exclude='root/usr/share/festival' \
+        --exclude='root/usr/lib/festival' --exclude='root/usr/bin/festival' --exclude='root/usr/bin/flite_cmu_us_slt' \
+        --exclude='root/usr/lib/x86_64-linux-gnu/libest*' --exclude='root/usr/lib/x86_64-linux-gnu/libgomp*' \
+        --exclude='root/usr/lib/x86_64-linux-gnu/libflite_cmu_us_slt*' root
     mkdir -p "$CKPT" .carry/logs
-    ls -l .carry/tts/root.tar.xz .carry/text.tar.xz
+    ls -l .carry/tts/root.tar.xz .carry/tts/root-lean.tar.xz .carry/text.tar.xz
     ;;
 kokoro)
     # .carry/kokoro/{train,dev}: made by recipes.synthetic.kokoro (a background job may still be
-    # adding to them); train rows that share a 6-gram with the current dev/eval text are left out.
+    # adding to them; jobs writing .carry/kokoro/train-* are joined into train first); train rows
+    # that share a 6-gram with the current dev/eval text are left out.
+    if ls -d .carry/kokoro/train-* >/dev/null 2>&1; then
+        ${PYTHON:-python3} -m recipes.synthetic.carried join --out .carry/kokoro/train .carry/kokoro/train-*
+    fi
     ${PYTHON:-python3} -m recipes.synthetic.carried pack .carry/kokoro/dev .carry/kokoro/train \
         --out .carry/kokoro.tar.xz --max-mib "${2:-15}" --held-apart .carry/text/dev.txt .carry/text/eval.txt
     ;;
@@ -46,7 +58,9 @@ classic)
     ;;
 real)
     SRC=${2:?usage: real SRC (the real-speech folder)}
-    ${PYTHON:-python3} -m recipes.real_speech --src "$SRC" --out .carry/real --train-level 0.98
+    # Speech Commands (4,482 single words) thinned to 60 %, as in every call since 2026-12-03
+    ${PYTHON:-python3} -m recipes.real_speech --src "$SRC" --out .carry/real --train-level 0.98 \
+        --keep speech_commands=0.6
     ${PYTHON:-python3} -m recipes.synthetic.carried pack .carry/real/realdev .carry/real/train \
         --out .carry/real.tar.xz --max-mib 40
     L=.carry/tts/root/usr/lib/x86_64-linux-gnu

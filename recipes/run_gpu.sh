@@ -4,7 +4,8 @@
 #   bash recipes/run_gpu.sh train [BUDGET_MIN [MAX_STEPS]]   synthesise train + dev, train, save
 #   bash recipes/run_gpu.sh eval  [BUDGET_MIN]               synthesise eval sets, evaluate
 #
-# Carried in: .carry/tts/root.tar.xz and the text (.carry/text.tar.xz or .carry/text/*.txt) for
+# Carried in: .carry/tts/root.tar.xz (or, for train, the smaller .carry/tts/root-lean.tar.xz of
+# `gpu_carry.sh prepare`: no festival, no reserved flite voice) and the text (.carry/text.tar.xz or .carry/text/*.txt) for
 # the classic engines (a train call without them trains on the other sets, and a warm machine
 # reuses what an earlier call synthesised), .carry/real.tar.xz (the real-speech corpus,
 # gpu_carry.sh real: its train split joins every call's training set REAL_REPEAT times, and its
@@ -54,8 +55,10 @@ die() { log "FAILED: $*"; exit 1; }
 
 # -- unpack the carried engines, text and libraries ---------------------------------------------
 HAVE_TTS=0
-if [ -f .carry/tts/root.tar.xz ]; then
-    tar -xJf .carry/tts/root.tar.xz -C .carry/tts || die "unpacking the TTS engines"
+TTS_PACK=.carry/tts/root.tar.xz
+[ -f $TTS_PACK ] || [ "$MODE" != train ] || TTS_PACK=.carry/tts/root-lean.tar.xz
+if [ -f $TTS_PACK ]; then
+    tar -xJf $TTS_PACK -C .carry/tts || die "unpacking the TTS engines"
     if [ -f .carry/text.tar.xz ]; then tar -xJf .carry/text.tar.xz -C .carry || die "unpacking the text"; fi
     for f in train dev eval; do [ -s .carry/text/$f.txt ] || die "no .carry/text/$f.txt"; done
     HAVE_TTS=1

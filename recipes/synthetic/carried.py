@@ -5,6 +5,7 @@
     python -m recipes.synthetic.carried unpack --pack .carry/kokoro.tar.xz --out WORK/kokoro
     python -m recipes.synthetic.carried merge --out M.jsonl A/manifest.jsonl 'B/manifest.jsonl*3'
     python -m recipes.synthetic.carried encode --src SYNTH_OUT --out .carry/classic/train
+    python -m recipes.synthetic.carried join --out .carry/kokoro/train .carry/kokoro/train-a .carry/kokoro/train-b
 
 encode: a set synthesised here (synth.py's WAVs) as Ogg/Opus in a set folder that pack takes, so
 that the classic engines' speech can travel without the engines.
@@ -16,6 +17,8 @@ speech was made). unpack: extracts and decodes each set to 16 kHz 16-bit WAV wit
 (through ctypes: the GPU machine has the engines' libsndfile, not the soundfile package), writing
 OUT/SET/manifest.jsonl. merge: manifests into one (`PATH*N`: its rows N times), with absolute
 audio paths, in a seeded shuffled order (train.py's dev set is the first --dev-utts rows).
+join: sets made by separate jobs (one per core) as one set folder that pack takes: a link to
+each part and their rows, as they are now, in one manifest.
 """
 from __future__ import annotations
 
@@ -167,6 +170,21 @@ def merge(manifests: list[str], out: Path, seed: int = 0) -> int:
     return len(rows)
 
 
+def join(parts: list[Path], out: Path) -> int:
+    """OUT/manifest.jsonl: every part's finished rows, its audio reached through the link OUT/PART
+    -> PART (PART: the part folder's name); rows kept."""
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for part in parts:
+        link = out / part.name
+        if not link.is_symlink():
+            link.symlink_to(part.resolve(), target_is_directory=True)
+        if (part / "manifest.jsonl").exists():
+            rows += [{**r, "audio": f"{part.name}/{r['audio']}"} for r in read_rows(part / "manifest.jsonl")]
+    (out / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return len(rows)
+
+
 def _encode(args: tuple[Path, Path]) -> None:
     import soundfile as sf  # on this machine only: the GPU machine has no soundfile
 
@@ -201,6 +219,9 @@ def main() -> None:
     m = sub.add_parser("merge")
     m.add_argument("manifests", nargs="+", help="PATH or PATH*N (its rows N times)")
     m.add_argument("--out", type=Path, required=True)
+    j = sub.add_parser("join")
+    j.add_argument("parts", type=Path, nargs="+", help="set folders made by separate jobs")
+    j.add_argument("--out", type=Path, required=True)
     e = sub.add_parser("encode")
     e.add_argument("--src", type=Path, required=True, help="synth.py's output folder")
     e.add_argument("--out", type=Path, required=True)
@@ -211,6 +232,8 @@ def main() -> None:
     elif args.cmd == "pack":
         counts = pack(args.sets, args.out, int(args.max_mib * 2**20), args.held_apart)
         print(json.dumps({"utterances": counts, "bytes": args.out.stat().st_size}))
+    elif args.cmd == "join":
+        print(json.dumps({"utterances": join(args.parts, args.out)}))
     elif args.cmd == "unpack":
         print(json.dumps({"utterances": unpack(args.pack, args.out, args.workers)}))
     else:

@@ -133,6 +133,46 @@ def test_pack_filters_held_apart_budget_then_unpack_and_merge(tmp_path: Path) ->
     assert [u.text for u in merged] != texts + [held] * 3  # shuffled
 
 
+def test_parts_made_by_separate_jobs_join_into_one_set_that_packs(tmp_path: Path) -> None:
+    a, b = tmp_path / "train-a", tmp_path / "train-b"
+    write_set(a, ["one thing said here", "two things said here"])
+    write_set(b, ["three things said here"])
+    assert carried.join([a, b], tmp_path / "train") == 3
+    write_set(b, ["three things said here", "four things said here"])  # a job went on
+    assert carried.join([a, b], tmp_path / "train") == 4  # joined again: the links stay
+    counts = carried.pack([tmp_path / "train"], tmp_path / "k.tar.xz", 10**6, [])
+    assert counts == {"train": 4}
+    with tarfile.open(tmp_path / "k.tar.xz") as tar:
+        rows = [json.loads(x) for x in tar.extractfile("train/manifest.jsonl").read().splitlines()]
+        assert [r["audio"] for r in rows] == ["train-a/audio/0000/0000000.opus", "train-a/audio/0000/0000001.opus",
+                                              "train-b/audio/0000/0000000.opus", "train-b/audio/0000/0000001.opus"]
+        assert all(tar.getmember(f"train/{r['audio']}").isfile() for r in rows)  # the audio, not the links
+
+
+def test_real_speech_sets_keep_a_seeded_share_of_a_source(tmp_path: Path) -> None:
+    from recipes import real_speech
+
+    sf = pytest.importorskip("soundfile")
+    rows = []
+    for i in range(24):
+        source, split = ("speech_commands", "train") if i < 20 else ("an4", "train" if i < 22 else "dev")
+        audio = f"{source}/{i}.wav"
+        (tmp_path / "src" / audio).parent.mkdir(parents=True, exist_ok=True)
+        sf.write(tmp_path / "src" / audio, np.zeros(1600, dtype=np.float32), 16000)
+        rows.append({"audio": audio, "text": f"word {i}", "source": source, "speaker": "s", "split": split,
+                     "duration": 0.1})
+    (tmp_path / "src/manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    kept = []
+    for run in range(2):
+        report = real_speech.prepare(tmp_path / "src", tmp_path / f"out{run}", 0.98, 1, {"speech_commands": 0.5})
+        lines = (tmp_path / f"out{run}/train/manifest.jsonl").read_text().splitlines()
+        kept.append([json.loads(x)["audio"] for x in lines])
+        assert report["realdev"]["clips"] == 2 and report["train"]["clips"] == len(kept[-1])
+    assert kept[0] == kept[1]  # the same clips every time
+    assert 2 < sum(a.startswith("speech_commands/") for a in kept[0]) < 18
+    assert sum(a.startswith("an4/") for a in kept[0]) == 2  # other sources whole
+
+
 def test_blends_are_seeded() -> None:
     assert kokoro_blends(10, seed=5) == kokoro_blends(10, seed=5) != kokoro_blends(10, seed=6)
 
