@@ -202,6 +202,8 @@ def _writer(fmt: str, output_dir: str | None, named: bool) -> Callable[[Transcri
             print(f"streamd transcribe: {t.file}: {t.error}{kept}", file=sys.stderr)
             if not t.finals:
                 return
+        if t.error is None and not t.text:  # stdout stays as the format has it; the person is told
+            print(f"streamd transcribe: {t.file}: no speech heard in {t.duration:.1f} s of audio", file=sys.stderr)
         text = render(t, fmt, named)
         if output_dir is None:
             sys.stdout.write(text)

@@ -225,6 +225,19 @@ def test_plain_text_is_one_line_per_utterance() -> None:
     assert render(Transcript("b.wav", 1.0), "text", named=False) == ""
 
 
+def test_a_file_without_words_is_said_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    from streamd.clients.file import _writer
+
+    silent = Transcript("quiet.wav", 3.0, [Final(0, "", 0.0, 3.0, 3.0, "end_of_stream")])
+    for fmt in ("text", "jsonl"):
+        _writer(fmt, None, named=False)(silent)
+        out, err = capsys.readouterr()
+        assert err == "streamd transcribe: quiet.wav: no speech heard in 3.0 s of audio\n"
+        assert out == ("" if fmt == "text" else render(silent, "jsonl", named=False))
+    _writer("text", None, named=False)(Transcript("a.wav", 1.0, [Final(0, "hello", 0.1, 0.5, 1.0, "end_of_stream")]))
+    assert capsys.readouterr() == ("hello\n", "")
+
+
 def test_a_file_that_cannot_be_read_is_reported_and_the_others_still_transcribed(tmp_path: Path) -> None:
     broken = tmp_path / "broken.wav"
     broken.write_bytes(b"RIFF????WAVEnot audio")
