@@ -5,9 +5,10 @@ weights), moved by the admin API every `--settle` seconds, e.g. bf16 -> fp16 -> 
 
 Reports per move: the engine pause, the re-capture of the target's CUDA graphs (before the pause,
 while serving goes on) and the serving gap (last results before the pause -> first after it), all
-from the admin report; the p95 and max result latency the clients measured in the `--settle`
-seconds after the move (the time from sending a piece of audio to receiving the result that
-covers it); whether the encoder and decoder run from graphs again; and at the end the streams
+from the admin report; the p95 and max result latency the clients measured from the admin call
+to `--settle` seconds after it returned (the time from sending a piece of audio to receiving the
+result that covers it), split into the preparation and the seconds after, beside the `--settle`
+seconds before the first move; whether the encoder and decoder run from graphs again; and at the end the streams
 dropped. For moves that keep fp32 (e.g. cuda:0 -> cpu -> cuda:0), `--compare` runs the same
 streams through a second daemon that is never moved and reports whether every stream's tokens are
 identical. The daemon admits by `max_streams` (`--admission max_streams`): the benchmark sets the
@@ -200,6 +201,7 @@ def run_daemon(args: argparse.Namespace, model: Path, moves: list[str], tag: str
         deadline = time.time() + 120  # the client processes may start late (they import torch)
         while admin(sock, "GET", "/v1/status").get("streams", 0) < args.streams and time.time() < deadline:
             time.sleep(0.5)
+        baseline = (time.time(), time.time() + args.settle)  # every stream running, nothing moved yet
         time.sleep(args.settle)
         for move in moves:
             dev, dt = move.split("/")
@@ -224,12 +226,19 @@ def run_daemon(args: argparse.Namespace, model: Path, moves: list[str], tag: str
         code = daemon.stop()
         if code not in (0, None):
             print(f"  daemon exit code {code}; last log lines:\n    " + "\n    ".join(daemon.log), flush=True)
+    def latency(start: float, end: float) -> dict[str, float | None]:
+        lat = sorted(x for log in logs for t, x in log["results"] if start <= t < end)
+        return {"p95_s": round(lat[min(len(lat) - 1, int(0.95 * len(lat)))], 3) if lat else None,
+                "max_s": round(lat[-1], 3) if lat else None}
+
     for r in reports:  # what clients saw from the admin call (preparation included) to `settle` s after it returned
-        lat = sorted(x for log in logs for t, x in log["results"] if r["at"] <= t < r["until"])
-        r["latency_p95_s"] = round(lat[min(len(lat) - 1, int(0.95 * len(lat)))], 3) if lat else None
-        r["latency_max_s"] = round(lat[-1], 3) if lat else None
+        whole = latency(r["at"], r["until"])
+        r["latency_p95_s"], r["latency_max_s"] = whole["p95_s"], whole["max_s"]
+        r["latency_preparing"] = latency(r["at"], r["at"] + (r["prepare_ms"] or 0) / 1000)  # the target's graphs
+        r["latency_after"] = latency(r["until"] - args.settle, r["until"])  # from the admin call's return
     dropped = [log["index"] for log in logs if log["closed"] != 1000 or not log.get("summary") or log["error"]]
-    return {"moves": reports, "streams_dropped": len(dropped), "dropped": dropped[:20],
+    return {"moves": reports, "latency_before_moves": latency(*baseline),
+            "streams_dropped": len(dropped), "dropped": dropped[:20],
             "errors": sorted({log["error"] for log in logs if log["error"]})[:5],
             "tokens": {log["index"]: log["tokens"] for log in logs}}
 
@@ -245,7 +254,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     moved = run_daemon(args, model, moves, "moved", seconds, stop_early=not compare)  # compared: the same audio
     out: dict[str, Any] = {"machine": machine(), "streams": args.streams, "chunk_ms": args.chunk_ms,
                            "workers": args.workers, "start": args.start, "admission": "max_streams",
-                           "moves": moved["moves"], "streams_dropped": moved["streams_dropped"],
+                           "moves": moved["moves"], "latency_before_moves": moved["latency_before_moves"],
+                           "streams_dropped": moved["streams_dropped"],
                            "dropped": moved["dropped"], "errors": moved["errors"]}
     if compare:
         still = run_daemon(args, model, [], "unmoved", seconds, stop_early=False)
@@ -285,10 +295,15 @@ def main() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # thousands of client sockets
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     result = run(args)
-    print(f"{'move':<16}{'ok':<4}{'pause ms':>10}{'capture ms':>11}{'gap ms':>9}{'p95 s':>8}{'max s':>8}  graphs now")
+    base = result["latency_before_moves"]
+    print(f"result latency before the first move: p95 {fmt(base['p95_s'])} s, max {fmt(base['max_s'])} s")
+    print(f"{'move':<16}{'ok':<4}{'pause ms':>10}{'capture ms':>11}{'gap ms':>9}{'p95 s':>8}{'max s':>8}"
+          f"{'prep p95/max':>14}{'after p95/max':>15}  graphs now")
     for m in result["moves"]:
+        prep, after = m["latency_preparing"], m["latency_after"]
         print(f"{m['move']:<16}{'y' if m['ok'] else 'n':<4}{fmt(m['pause_ms']):>10}{fmt(m['recapture_ms']):>11}"
-              f"{fmt(m['serving_gap_ms']):>9}{fmt(m['latency_p95_s']):>8}{fmt(m['latency_max_s']):>8}  "
+              f"{fmt(m['serving_gap_ms']):>9}{fmt(m['latency_p95_s']):>8}{fmt(m['latency_max_s']):>8}"
+              f"{fmt(prep['p95_s']) + '/' + fmt(prep['max_s']):>14}{fmt(after['p95_s']) + '/' + fmt(after['max_s']):>15}  "
               f"encoder {m['encoder']}, decoder {m['decoder']}{' (' + m['eager_reason'] + ')' if m['eager_reason'] else ''}")
     print(f"{result['streams']} streams at {result['chunk_ms']} ms, {result['workers']} front ends; dropped: "
           f"{result['streams_dropped']}{' ' + str(result['errors']) if result['errors'] else ''}"
