@@ -1,0 +1,31 @@
+"""scripts/bench_capacity.py's live item: the daemon's own engine, alone, keeps N streams live with
+churn (streams end and new ones open) and reports each level's streams and steps."""
+from __future__ import annotations
+
+import sys
+
+from conftest import FIXTURES, REPO
+
+sys.path.insert(0, str(REPO / "scripts"))
+import bench_capacity  # noqa: E402
+
+
+def test_live_level_churns_and_reports() -> None:
+    model = FIXTURES / "tiny_streaming_fastconformer_hybrid.nemo"
+    args = bench_capacity.parse_args(["--device", "cpu", "--model", str(model), "--plan", "live:160:fp32:off",
+                                      "--live-at", "160=4", "--stream-s", "0.5", "--live-s", "2", "--warmup-s", "0.5"])
+    item = args.items[0]
+    result = bench_capacity.live_capacity(model, item, 4, args, seconds=60)
+    [level] = result["levels"]
+    assert level["streams"] == 4
+    assert level["opened"] > 4 + 4 * 2 / 0.5 / 2  # about 4 / 0.5 s open per second after the first 4
+    assert level["drain_s"]["n"] == level["opened"]  # every stream ended and was flushed
+    assert level["steps"]["count"] > 0 and level["steps"]["mean_batch"] > 0
+    lat = level["result_latency_s"]["p95"]
+    assert level["passed"] == (level["kept_up"] == level["opened"] and not level["errors"]
+                               and not level["client_bound"] and lat is not None and lat <= result["max_latency_s"])
+    if not level["passed"]:  # a busy CI machine: then the report says which streams fell behind
+        assert level["kept_up"] < level["opened"] or level["client_bound"] or lat > result["max_latency_s"]
+    table = bench_capacity.levels_table([{"part": "live", "chunk_ms": 160, "dtype": "fp32", "graphs": "off",
+                                          **result}])
+    assert f"{level['opened']:7d} {level['kept_up']:7d}" in table.splitlines()[1]
