@@ -303,6 +303,7 @@ async def _live_capacity(model_path: Path, item: Item, guess: int, args: argpars
         await engine.stop()
         device = engine.recognizer.model.device
         del engine
+        gc.unfreeze()  # the startup heap `start_engine` froze, as the daemon does
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -41,8 +41,8 @@ from streamd.config import Config, add_arguments, load_config
 from streamd.engine.engine import Engine
 from streamd.engine.inbox import Audio, End, StreamCommand
 from streamd.engine.types import ChunkResult, EngineSession, ResultItem
-from streamd.errors import StreamFailed
 from streamd.server.app import build_state, warm_up
+from streamd.server.heap import freeze_startup_heap
 from streamd.server.metrics import Metrics
 
 PHASES = 10  # push schedules per `send_s`: the feeder wakes every send_s / PHASES
@@ -82,31 +82,46 @@ class LiveStream:
     error: str | None = None
 
 
+FLUSHED, FAILED = -1, -2  # what `Deliveries` keeps of a stream's None and of a StreamFailed
+
+
 class Deliveries:
-    """The sessions' sink: on the engine thread, only a timestamp per hand-over."""
+    """The sessions' sink, on the engine thread: per hand-over its time and, per item, the
+    stream's id and the result's last frame (or `FLUSHED`, `FAILED`): plain ints, so that a
+    level's results do not pile up as objects for the garbage collector to scan."""
 
     def __init__(self) -> None:
-        self.log: list[tuple[float, list[tuple[EngineSession, ResultItem]]]] = []
+        self.log: list[tuple[float, list[tuple[int, int]]]] = []
+        self.errors: dict[int, str] = {}  # the StreamFailed messages, by stream id
         self._seen = self._finished = 0
 
     def __call__(self, items: list[tuple[EngineSession, ResultItem]]) -> None:
-        self.log.append((time.perf_counter(), items))
+        self.log.append((time.perf_counter(), [(s.id, r.frame_end if isinstance(r, ChunkResult) else self._end(s, r))
+                                               for s, r in items]))
+
+    def _end(self, session: EngineSession, item: ResultItem) -> int:
+        if item is None:
+            return FLUSHED
+        self.errors[session.id] = str(item)
+        return FAILED
 
     def finished(self) -> int:
         """Streams flushed or failed so far (on the feeder's side: counts the new hand-overs)."""
         end = len(self.log)
         for _, items in self.log[self._seen:end]:
-            self._finished += sum(1 for _, item in items if item is None or isinstance(item, StreamFailed))
+            self._finished += sum(1 for _, frame in items if frame < 0)
         self._seen = end
         return self._finished
 
 
 async def start_engine(cfg: Config) -> tuple[Engine, StepMetrics]:
-    """The daemon's engine for `cfg`, started and warmed up (graphs captured) as `App.serve` does."""
+    """The daemon's engine for `cfg`, started, warmed up (graphs captured) and its startup heap
+    frozen, as `App.serve` does."""
     metrics = StepMetrics()
     engine = build_state(cfg, metrics).engine
     engine.start()
     await warm_up(engine)
+    freeze_startup_heap()
     return engine, metrics
 
 
@@ -126,14 +141,15 @@ async def run_level(engine: Engine, metrics: StepMetrics, n: int, *, level_s: fl
     piece = int(rate * send_s)
     tick = send_s / PHASES
     sink = Deliveries()
+    results: asyncio.Queue[ResultItem] = asyncio.Queue()  # never used: results go to the sink
     ids = itertools.count()
     streams: dict[int, LiveStream] = {}
-    buckets: list[list[LiveStream]] = [[] for _ in range(PHASES)]
-    rng = np.random.default_rng(n)
+    span = audio.size - piece
+    opening: list[Future[None]] = []
 
     def new_stream(seconds: float) -> LiveStream:
-        session = EngineSession(id=next(ids), sink=sink)
-        st = LiveStream(session, max(1, round(seconds / send_s)), int(rng.integers(0, audio.size - piece)))
+        session = EngineSession(id=next(ids), results=results, sink=sink)
+        st = LiveStream(session, max(1, round(seconds / send_s)), session.id * 7919 % span)
         streams[session.id] = st
         opened = engine.open_session(session)
 
@@ -141,9 +157,14 @@ async def run_level(engine: Engine, metrics: StepMetrics, n: int, *, level_s: fl
             if f.exception() is not None:
                 st.error = f"open: {f.exception()}"
         opened.add_done_callback(failed)
+        opening[:] = [opened]
         return st
 
-    pending = list(range(n))  # slot k's first stream opens at its phase's first tick
+    # the first streams open before the clock starts (their lengths spread over one stream's);
+    # slot k's sends at phase k % PHASES
+    buckets = [[new_stream(stream_s * (k + 1) / n) for k in range(b, n, PHASES)] for b in range(PHASES)]
+    if opening:
+        await asyncio.wait([asyncio.wrap_future(opening[0])])
     late = 0.0
     t0 = time.perf_counter()
     for i in itertools.count():
@@ -155,8 +176,6 @@ async def run_level(engine: Engine, metrics: StepMetrics, n: int, *, level_s: fl
         late = max(late, now - due)
         b = i % PHASES
         over = i * tick >= level_s
-        if i < PHASES:
-            buckets[b] = [new_stream(stream_s * (k + 1) / n) for k in pending[b::PHASES]]
         commands: list[StreamCommand] = []
         live: list[LiveStream] = []
         for st in buckets[b]:
@@ -166,7 +185,7 @@ async def run_level(engine: Engine, metrics: StepMetrics, n: int, *, level_s: fl
                 if over:
                     continue
                 st = new_stream(stream_s)
-            start = (st.offset + len(st.pushes) * piece) % (audio.size - piece)
+            start = (st.offset + len(st.pushes) * piece) % span
             commands.append(Audio(st.session, audio[start: start + piece]))
             st.pushes.append(now)
             live.append(st)
@@ -188,14 +207,14 @@ def summarize(n: int, streams: list[LiveStream], sink: Deliveries, metrics: Step
     """One level's streams, latencies and steps, judged as load.py judges a daemon level."""
     by_id = {st.session.id: st for st in streams}
     for t, items in sink.log:
-        for session, item in items:
-            st = by_id[session.id]
-            if item is None:
+        for sid, frame in items:
+            st = by_id[sid]
+            if frame == FLUSHED:
                 st.done = t
-            elif isinstance(item, StreamFailed):
-                st.error = str(item)
-            elif isinstance(item, ChunkResult):
-                st.results.append((t, item.frame_end))
+            elif frame == FAILED:
+                st.error = sink.errors[sid]
+            else:
+                st.results.append((t, frame))
     latency: list[float] = []
     lags: list[float] = []
     drains: list[float] = []
