@@ -81,8 +81,8 @@ import load  # noqa: E402  (scripts/load.py: the daemon load test's machinery)
 
 CHUNK_RC = {80: 0, 160: 1, 560: 6, 1120: 13}  # chunk ms -> right context
 PARTS = ("engine", "live", "daemon")
-DEFAULT_PLAN = ("engine:160:bf16:on,live:160:bf16:on,daemon:160:bf16:on,engine:1120:bf16:on,live:1120:bf16:on,"
-                "daemon:1120:bf16:on,"
+DEFAULT_PLAN = ("engine:160:bf16:on,daemon:160:bf16:on,engine:1120:bf16:on,daemon:1120:bf16:on,"
+                "live:160:bf16:on,live:1120:bf16:on,"
                 "engine:160:bf16:off,engine:1120:bf16:off,engine:160:fp32:on,engine:1120:fp32:on,"
                 "daemon:160:fp32:on,daemon:1120:fp32:on")
 

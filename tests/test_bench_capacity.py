@@ -29,3 +29,12 @@ def test_live_level_churns_and_reports() -> None:
     table = bench_capacity.levels_table([{"part": "live", "chunk_ms": 160, "dtype": "fp32", "graphs": "off",
                                           **result}])
     assert f"{level['opened']:7d} {level['kept_up']:7d}" in table.splitlines()[1]
+
+
+def test_daemon_step_quantiles_are_bucket_bounds() -> None:
+    inf = float("inf")
+    before = {0.01: 5.0, 0.02: 5.0, 0.04: 5.0, inf: 5.0}  # steps before the level do not count
+    after = {0.01: 15.0, 0.02: 24.0, 0.04: 25.0, inf: 25.0}
+    assert bench_capacity.bucket_quantiles(before, after) == {"p50": 0.01, "p95": 0.02}
+    assert bench_capacity.bucket_quantiles({}, {0.01: 0.0, inf: 4.0}) == {"p50": "> 0.01", "p95": "> 0.01"}
+    assert bench_capacity.bucket_quantiles(after, after) == {"p50": None, "p95": None}
