@@ -259,6 +259,7 @@ async def _live_capacity(model_path: Path, item: Item, guess: int, args: argpars
     cfg = live_engine.serve_config(model_path, args.device, item.dtype, top + top // 8 + 64,
                                    ["--right-context", str(CHUNK_RC[item.chunk_ms]), "--cuda-graphs", item.graphs,
                                     *args.daemon_args.split()])
+    switch = sys.getswitchinterval()  # the engine sets the daemon's (engine.gil_switch_ms)
     engine, metrics = await live_engine.start_engine(cfg)
     chunk_s = engine.recognizer.geometry.chunk_ms / 1000
     stream_s = args.stream_s or args.seconds
@@ -296,7 +297,7 @@ async def _live_capacity(model_path: Path, item: Item, guess: int, args: argpars
                 break
             n = nxt
         return {"capacity": best, "first_failing": worst, "chunk_s": chunk_s, "stream_s": stream_s,
-                "max_latency_s": chunk_s + args.slack_s, "levels": levels, "warmup_level": warmup,
+                "max_latency_s": round(chunk_s + args.slack_s, 3), "levels": levels, "warmup_level": warmup,
                 "slots": engine.recognizer.capacity, "bounded_by_time": time.monotonic() + level_cost >= deadline,
                 "wall_s": round(time.monotonic() - t_begin, 1)}
     finally:
@@ -304,6 +305,7 @@ async def _live_capacity(model_path: Path, item: Item, guess: int, args: argpars
         device = engine.recognizer.model.device
         del engine
         gc.unfreeze()  # the startup heap `start_engine` froze, as the daemon does
+        sys.setswitchinterval(switch)
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()

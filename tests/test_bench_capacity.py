@@ -15,7 +15,9 @@ def test_live_level_churns_and_reports() -> None:
     args = bench_capacity.parse_args(["--device", "cpu", "--model", str(model), "--plan", "live:160:fp32:off",
                                       "--live-at", "160=4", "--stream-s", "0.5", "--live-s", "2", "--warmup-s", "0.5"])
     item = args.items[0]
+    switch = sys.getswitchinterval()
     result = bench_capacity.live_capacity(model, item, 4, args, seconds=60)
+    assert sys.getswitchinterval() == switch  # the daemon's, set by the engine, is undone
     [level] = result["levels"]
     assert level["streams"] == 4
     assert level["opened"] > 4 + 4 * 2 / 0.5 / 2  # about 4 / 0.5 s open per second after the first 4
