@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import bisect
+import contextlib
 import itertools
 import math
 import time
@@ -80,6 +81,7 @@ class LiveStream:
     done: float | None = None
     results: list[tuple[float, int]] = field(default_factory=list)  # (delivered, frame_end)
     error: str | None = None
+    opened: Future[None] | None = None  # the engine's answer to its open
 
 
 FLUSHED, FAILED = -1, -2  # what `Deliveries` keeps of a stream's None and of a StreamFailed
@@ -145,7 +147,6 @@ async def run_level(engine: Engine, metrics: StepMetrics, n: int, *, level_s: fl
     ids = itertools.count()
     streams: dict[int, LiveStream] = {}
     span = audio.size - piece
-    opening: list[Future[None]] = []
 
     def new_stream(seconds: float) -> LiveStream:
         session = EngineSession(id=next(ids), results=results, sink=sink)
@@ -157,14 +158,16 @@ async def run_level(engine: Engine, metrics: StepMetrics, n: int, *, level_s: fl
             if f.exception() is not None:
                 st.error = f"open: {f.exception()}"
         opened.add_done_callback(failed)
-        opening[:] = [opened]
+        st.opened = opened
         return st
 
     # the first streams open before the clock starts (their lengths spread over one stream's);
     # slot k's sends at phase k % PHASES
     buckets = [[new_stream(stream_s * (k + 1) / n) for k in range(b, n, PHASES)] for b in range(PHASES)]
-    if opening:
-        await asyncio.wait([asyncio.wrap_future(opening[0])])
+    last = streams[len(streams) - 1].opened if streams else None  # the engine opens them in order
+    if last is not None:
+        with contextlib.suppress(Exception):  # a failed open is that stream's error
+            await asyncio.wrap_future(last)
     late = 0.0
     t0 = time.perf_counter()
     for i in itertools.count():
