@@ -23,7 +23,9 @@ CUDA graphs on/off.
   every stream kept up and the p95 partial and final latencies are at most chunk + `--slack-s`
   (0.25 s). Levels start at `--daemon-first` x the engine's capacity, then go up to it or bisect
   down. Each level reports the clients' CPU use (and cores), the daemon's, its mean step and
-  batch, and the step time p50 / p95 as bounds of the daemon's histogram buckets.
+  batch, and the step time p50 / p95 as bounds of the daemon's histogram buckets. With
+  `--daemon-churn` a level churns as a live one does: N streams of `--stream-s` for `--live-s`,
+  each replaced (by a new connection) as it ends; every stream opened must keep up.
 
 Every part is time-boxed: the plan's items run in order while `--budget-s` lasts, each within its
 own cap, so that one GPU call covers the important ones (160 and 1120 ms chunks, bf16, engine,
@@ -39,19 +41,20 @@ unless `--model` is given.
     python scripts/bench_capacity.py --device cpu --plan live:160:fp32:off --live-at 160=8/16 --stream-s 1 \\
         --live-s 3 --warmup-s 1 --model tests/fixtures/nemo-tiny/tiny_streaming_fastconformer_hybrid.nemo
 
-Issue 29 on one H200 (bf16, graphs on, 8 front ends): engine, live and daemon at both chunks with
-streams of 8 s in one call; then live and daemon with streams of 60 s, one call per chunk, at
-the levels asked for (set them from the first call's results):
+Issue 29 on one H200 (bf16, graphs on, 8 front ends). One call: engine, live and daemon at both
+chunks with streams of 8 s (the daemon's levels as before: one cohort of 8 s streams started
+over 3 s; add --daemon-churn for the live item's churn). Then streams of 60 s, live and daemon
+with the same churn, one call per chunk, at levels set from the first call's results:
 
     python3 scripts/bench_capacity.py --plan engine:160:bf16:on,live:160:bf16:on,daemon:160:bf16:on,engine:1120:bf16:on,live:1120:bf16:on,daemon:1120:bf16:on \\
         --engine-start 4096 --engine-max 16384 --engine-refine 2 --engine-cap-s 45 --live-cap-s 75 \\
         --daemon-cap-s 110 --seconds 8 --live-s 10 --warmup-s 2 --workers 8 --client-procs 6 \\
         --daemon-args "--batch-wait-ms=2 --admission=max_streams" --budget-s 480 --out capacity-8s.json
     python3 scripts/bench_capacity.py --plan live:160:bf16:on,daemon:160:bf16:on --live-at 160=9600/12288 \\
-        --daemon-at 160=9600 --seconds 60 --live-s 30 --warmup-s 2 --live-cap-s 150 --daemon-cap-s 240 \\
-        --workers 8 --client-procs 6 --daemon-args "--batch-wait-ms=2 --admission=max_streams" \\
+        --daemon-at 160=9600/12288 --daemon-churn --stream-s 60 --live-s 30 --warmup-s 2 --live-cap-s 150 \\
+        --daemon-cap-s 240 --workers 8 --client-procs 6 --daemon-args "--batch-wait-ms=2 --admission=max_streams" \\
         --budget-s 480 --out capacity-60s-160ms.json
-    (the same with 1120 in place of 160, --live-at 1120=12800/16384 --daemon-at 1120=12800)
+    (the same with 1120 in place of 160, --live-at 1120=12800/16384 --daemon-at 1120=12800/16384)
 """
 from __future__ import annotations
 
@@ -68,7 +71,7 @@ import sys
 import time
 import urllib.request
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -321,6 +324,31 @@ def client_worker(url: str, indices: list[int], audios: list[load.Audio], second
     return stats, time.process_time() - c0
 
 
+def churn_worker(url: str, indices: list[int], n: int, audios: list[load.Audio], stream_s: float, level_s: float,
+                 send_s: float, start_at: float) -> tuple[list[dict[str, Any]], float]:
+    """`client_worker` for `--daemon-churn`: client slots `indices` of N each run streams of
+    `stream_s` back to back (each a new connection) until `level_s` after `start_at`, as the live
+    item's streams: the first streams' lengths spread over (0, stream_s], their starts over one
+    message, so that about N / stream_s streams open per second; the last are cut at the level's end."""
+    async def slot(i: int) -> list[load.StreamStats]:
+        audio = audios[i % len(audios)]
+        pcm = load.looped(audio, stream_s)
+        out: list[load.StreamStats] = []
+        at, seconds = start_at + send_s * i / n, stream_s * (i + 1) / n
+        while seconds >= send_s / 2:
+            out.append(await load.run_stream(url, i, audio, pcm, seconds, send_s, at))
+            at = time.time()
+            seconds = min(stream_s, start_at + level_s - at)
+        return out
+
+    async def level() -> list[load.StreamStats]:
+        return [st for part in await asyncio.gather(*map(slot, indices)) for st in part]
+
+    c0 = time.process_time()
+    stats = [asdict(st) for st in asyncio.run(level())]
+    return stats, time.process_time() - c0
+
+
 def process_cpu_s(pid: int) -> tuple[float, float]:
     """CPU seconds (user + system) used so far by a process, and by its child processes (the
     daemon's front ends) that are alive now."""
@@ -351,15 +379,19 @@ def run_level(url: str, n: int, audios: list[load.Audio], args: argparse.Namespa
     procs = min(args.client_procs, n)
     shares = [list(range(p, n, procs)) for p in range(procs)]
     t0, (d0, f0) = time.monotonic(), process_cpu_s(daemon_pid)
-    futures = [pool.submit(client_worker, url, s, audios, args.seconds, send_s, start_at, args.ramp_s)
-               for s in shares]
+    if args.daemon_churn:
+        futures = [pool.submit(churn_worker, url, s, n, audios, args.stream_s or args.seconds, args.live_s, send_s,
+                               start_at) for s in shares]
+    else:
+        futures = [pool.submit(client_worker, url, s, audios, args.seconds, send_s, start_at, args.ramp_s)
+                   for s in shares]
     results = [f.result() for f in futures]
     d1, f1 = process_cpu_s(daemon_pid)
     wall, daemon_cpu, fronts_cpu = time.monotonic() - t0, d1 - d0, f1 - f0
     stats = [load.StreamStats(**d) for r in results for d in r[0]]
     client_cpu = sum(r[1] for r in results)
     after = load.scrape(url)
-    level = load.summarize(n, stats, before, after, args)
+    level = {**load.summarize(len(stats), stats, before, after, args), "streams": n, "opened": len(stats)}
     level["server"]["decode_step_seconds_at_most"] = bucket_quantiles(buckets, step_buckets(url))
     level["load_generator"] = {"processes": procs, "cpu_s": round(client_cpu, 1), "wall_s": round(wall, 1),
                                "cores_used": round(client_cpu / wall, 2),
@@ -459,12 +491,12 @@ def daemon_capacity(model_path: Path, item: Item, guess: int, args: argparse.Nam
             raise RuntimeError(f"probe stream failed: {probe.error}")
         chunk_s = probe.ready["chunk_ms"] / 1000
         ns.max_latency_s = chunk_s + args.slack_s
-        warm = argparse.Namespace(**{**vars(ns), "seconds": args.warmup_s})
+        warm = argparse.Namespace(**{**vars(ns), "seconds": args.warmup_s, "live_s": args.warmup_s})
         print(f"  daemon {url}: warm-up level of {first} streams for {args.warmup_s:g} s (not counted)", flush=True)
         warmup = run_level(url, first, audios, warm, pool, daemon.proc.pid)
         print(f"  {load.HEADER}", flush=True)
         n = first
-        level_cost = args.seconds + args.ramp_s + 8
+        level_cost = (args.live_s if args.daemon_churn else args.seconds + args.ramp_s) + 8
         while time.monotonic() + level_cost < deadline and len(levels) < (len(fixed) or args.daemon_levels):
             spy = py_spy(daemon.proc.pid, args, f"{item.chunk_ms}ms-{n}") if not levels else None
             level = run_level(url, n, audios, ns, pool, daemon.proc.pid)
@@ -572,7 +604,7 @@ def levels_table(items: list[dict[str, Any]]) -> str:
             else:
                 sv = lv["server"]
                 q = sv.get("decode_step_seconds_at_most", {})
-                opened, steps = lv["streams"], f"<= {q.get('p50')} / <= {q.get('p95')}"
+                opened, steps = lv.get("opened", lv["streams"]), f"<= {q.get('p50')} / <= {q.get('p95')}"
                 mean = None if sv["decode_step_seconds_mean"] is None else round(sv["decode_step_seconds_mean"], 4)
                 batch = None if sv["batch_size_mean"] is None else round(sv["batch_size_mean"], 1)
             lines.append(f"{r['chunk_ms']:5d}  {r['dtype']:5s} {r['graphs']:6s} {r['part']:6s} | {lv['streams']:7d} "
@@ -605,6 +637,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stream-s", type=float, default=None,
                    help="audio per live stream before it ends and another opens (default: --seconds)")
     p.add_argument("--seconds", type=float, default=8.0, help="audio per stream and daemon level (default: 8)")
+    p.add_argument("--daemon-churn", action="store_true",
+                   help="daemon levels as live ones: N streams of --stream-s for --live-s, each replaced as it ends "
+                        "(a new connection), instead of N streams of --seconds started over --ramp-s")
     p.add_argument("--warmup-s", type=float, default=3.0, help="audio per stream of the uncounted first level")
     p.add_argument("--ramp-s", type=float, default=3.0, help="stream starts spread over this long (default: 3)")
     p.add_argument("--send-ms", type=int, default=100, help="audio per client message (default: 100)")

@@ -1,8 +1,10 @@
 """scripts/bench_capacity.py's live item: the daemon's own engine, alone, keeps N streams live with
-churn (streams end and new ones open) and reports each level's streams and steps."""
+churn (streams end and new ones open) and reports each level's streams and steps; its daemon
+levels can churn the same way (`--daemon-churn`)."""
 from __future__ import annotations
 
 import sys
+import time
 
 from conftest import FIXTURES, REPO
 
@@ -40,3 +42,21 @@ def test_daemon_step_quantiles_are_bucket_bounds() -> None:
     assert bench_capacity.bucket_quantiles(before, after) == {"p50": 0.01, "p95": 0.02}
     assert bench_capacity.bucket_quantiles({}, {0.01: 0.0, inf: 4.0}) == {"p50": "> 0.01", "p95": "> 0.01"}
     assert bench_capacity.bucket_quantiles(after, after) == {"p50": None, "p95": None}
+
+
+def test_daemon_churn_opens_new_connections() -> None:
+    """`--daemon-churn`: each client slot streams back to back through a real daemon, so more
+    streams open than the level holds, and each one ends with its summary."""
+    import load
+
+    daemon = load.Daemon(str(FIXTURES / "tiny_streaming_fastconformer_hybrid.nemo"), "cpu", "fp32", 16,
+                         ["--right-context", "1", "--cuda-graphs", "off", "--admission", "max_streams"])
+    try:
+        url = daemon.wait_serving(timeout=120)
+        stats, cpu_s = bench_capacity.churn_worker(url, [0, 1, 2], 3, [load.tone_bursts(seconds=2.0)], stream_s=0.5,
+                                                   level_s=1.5, send_s=0.1, start_at=time.time() + 0.2)
+    finally:
+        daemon.stop()
+    assert len(stats) > 3 + 3  # each slot's first stream, then others of at most 0.5 s each (and their drains)
+    assert all(s["error"] is None and s["drain"] is not None for s in stats)
+    assert {s["index"] for s in stats} == {0, 1, 2} and cpu_s > 0
