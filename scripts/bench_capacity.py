@@ -263,7 +263,11 @@ async def _live_capacity(model_path: Path, item: Item, guess: int, args: argpars
                                    ["--right-context", str(CHUNK_RC[item.chunk_ms]), "--cuda-graphs", item.graphs,
                                     *args.daemon_args.split()])
     switch = sys.getswitchinterval()  # the engine sets the daemon's (engine.gil_switch_ms)
-    engine, metrics = await live_engine.start_engine(cfg)
+    try:
+        engine, metrics = await live_engine.start_engine(cfg)
+    except BaseException:
+        sys.setswitchinterval(switch)
+        raise
     chunk_s = engine.recognizer.geometry.chunk_ms / 1000
     stream_s = args.stream_s or args.seconds
     audio = np.frombuffer(load.tone_bursts(seconds=20.0).pcm, dtype="<i2").astype(np.float32) / 32768
@@ -412,7 +416,7 @@ def step_buckets(url: str) -> dict[float, float]:
             for line in text.splitlines() if line.startswith(prefix)}
 
 
-def bucket_quantiles(before: dict[float, float], after: dict[float, float]) -> dict[str, float | None]:
+def bucket_quantiles(before: dict[float, float], after: dict[float, float]) -> dict[str, float | str | None]:
     """p50 and p95 of the steps between two `step_buckets`, as the bounds of their buckets (the
     histogram's resolution: a factor of 2)."""
     counts = sorted((le, after[le] - before.get(le, 0.0)) for le in after)
@@ -585,7 +589,8 @@ def summary_table(items: list[dict[str, Any]]) -> str:
                      f"{at['load_generator']['cores_used']})" if at else "0")
 
         def ratio(base: dict[str, Any] | None) -> str:
-            return f"{d['capacity'] / base['capacity']:.2f}" if base and d and base.get("capacity") and "capacity" in d else "-"
+            known = base and d and base.get("capacity") and "capacity" in d
+            return f"{d['capacity'] / base['capacity']:.2f}" if known else "-"
         lines.append(f"{chunk:5d}  {dtype:5s} {graphs:6s} | {e_txt:>25s} | {l_txt:>32s} | {d_txt:>52s} | "
                      f"{ratio(e):>13s} | {ratio(lv):>11s}")
     return "\n".join(lines)

@@ -122,7 +122,11 @@ async def start_engine(cfg: Config) -> tuple[Engine, StepMetrics]:
     metrics = StepMetrics()
     engine = build_state(cfg, metrics).engine
     engine.start()
-    await warm_up(engine)
+    try:
+        await warm_up(engine)
+    except BaseException:
+        await engine.stop()
+        raise
     freeze_startup_heap()
     return engine, metrics
 
