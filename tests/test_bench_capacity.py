@@ -54,9 +54,10 @@ def test_daemon_churn_opens_new_connections() -> None:
     try:
         url = daemon.wait_serving(timeout=120)
         stats, cpu_s = bench_capacity.churn_worker(url, [0, 1, 2], 3, [load.tone_bursts(seconds=2.0)], stream_s=0.5,
-                                                   level_s=1.5, send_s=0.1, start_at=time.time() + 0.2)
+                                                   level_s=2.0, send_s=0.1, start_at=time.time() + 0.2)
     finally:
         daemon.stop()
-    assert len(stats) > 3 + 3  # each slot's first stream, then others of at most 0.5 s each (and their drains)
+    per_slot = [sum(s["index"] == i for s in stats) for i in range(3)]
+    assert min(per_slot) >= 2  # each slot's first stream (at most 0.5 s), then more until 2 s
     assert all(s["error"] is None and s["drain"] is not None for s in stats)
-    assert {s["index"] for s in stats} == {0, 1, 2} and cpu_s > 0
+    assert cpu_s > 0
