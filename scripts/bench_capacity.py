@@ -1,21 +1,36 @@
 #!/usr/bin/env python3
-"""Capacity: streams kept real time by the bare engine step and by the daemon end to end, side by
-side in one run, per chunk size, dtype and CUDA graphs on/off.
+"""Capacity: streams kept real time by the bare engine step, by the daemon's engine alone with
+live streams, and by the daemon end to end, side by side in one run, per chunk size, dtype and
+CUDA graphs on/off.
 
 * engine: one `Recognizer` (the daemon's encoder and decoder step factories) steps N streams
   that all have a chunk ready, in this process; N is kept real time when the median step (audio
   in, features, encoder, decoder, results: synchronised, as every step reads its labels back)
-  takes at most one chunk. N doubles from `--engine-start`, then bisects.
+  takes at most one chunk. N doubles from `--engine-start`, then bisects. An upper bound: no
+  pipelining, no churn, every step full.
+* live: the fair denominator for the daemon (`scripts/live_engine.py`): the daemon's own `Engine`
+  (built and warmed up from the same `streamd serve` flags, `--daemon-args` included, so steps
+  are batched and pipelined as in the daemon) with N live streams fed in real time from the
+  same process, no websockets: every stream lasts `--stream-s` (default `--seconds`) of audio,
+  then ends and a new one opens, so the live count stays at N (N / stream_s opens per second),
+  for `--live-s` per level. A level passes when every stream opened kept up (drain and p95 lag
+  at most chunk + `--slack-s`) and the p95 result latency is at most that. Levels are searched as
+  the daemon's are (or `--live-at`); each reports streams opened and kept up, step time p50 / p95
+  and mean batch.
 * daemon: `scripts/load.py`'s method: a real `streamd serve` on the same model, placement and
   chunk, and real websocket clients in `--client-procs` processes sending audio in real time; a
-  level of N streams passes when every stream kept up and the p95 partial and final latencies
-  are at most chunk + `--slack-s` (0.25 s). Levels start at `--daemon-first` x the engine's
-  capacity, then go up to it or bisect down. Each level reports the clients' CPU use (and cores),
-  and the daemon's.
+  level of N streams (each `--seconds` long, their starts spread over `--ramp-s`) passes when
+  every stream kept up and the p95 partial and final latencies are at most chunk + `--slack-s`
+  (0.25 s). Levels start at `--daemon-first` x the engine's capacity, then go up to it or bisect
+  down. Each level reports the clients' CPU use (and cores), the daemon's, its mean step and
+  batch, and the step time p50 / p95 as bounds of the daemon's histogram buckets. With
+  `--daemon-churn` a level churns as a live one does: N streams of `--stream-s` for `--live-s`,
+  each replaced (by a new connection) as it ends; every stream opened must keep up.
 
 Every part is time-boxed: the plan's items run in order while `--budget-s` lasts, each within its
-own cap, so that one GPU call covers the important ones (160 and 1120 ms chunks, bf16, engine
-and daemon) and adds the rest (graphs off, fp32) when time allows. Prints a table, writes JSON.
+own cap, so that one GPU call covers the important ones (160 and 1120 ms chunks, bf16, engine,
+live and daemon) and adds the rest (graphs off, fp32) when time allows. Prints two tables
+(capacities; every live and daemon level), writes JSON.
 
 The model is a random FastConformer-L sized hybrid (114 M parameters, `bench_migration.make_model`)
 unless `--model` is given.
@@ -23,6 +38,23 @@ unless `--model` is given.
     python scripts/bench_capacity.py --out capacity.json
     python scripts/bench_capacity.py --plan engine:1120:bf16:on,daemon:1120:bf16:on --budget-s 120
     python scripts/bench_capacity.py --device cpu --model M.nemo --plan engine:1120:fp32:on --engine-start 16
+    python scripts/bench_capacity.py --device cpu --plan live:160:fp32:off --live-at 160=8/16 --stream-s 1 \\
+        --live-s 3 --warmup-s 1 --model tests/fixtures/nemo-tiny/tiny_streaming_fastconformer_hybrid.nemo
+
+Issue 29 on one H200 (bf16, graphs on, 8 front ends). One call: engine, live and daemon at both
+chunks with streams of 8 s (the daemon's levels as before: one cohort of 8 s streams started
+over 3 s; add --daemon-churn for the live item's churn). Then streams of 60 s, live and daemon
+with the same churn, one call per chunk, at levels set from the first call's results:
+
+    python3 scripts/bench_capacity.py --plan engine:160:bf16:on,live:160:bf16:on,daemon:160:bf16:on,engine:1120:bf16:on,live:1120:bf16:on,daemon:1120:bf16:on \\
+        --engine-start 4096 --engine-max 16384 --engine-refine 2 --engine-cap-s 45 --live-cap-s 75 \\
+        --daemon-cap-s 110 --seconds 8 --live-s 10 --warmup-s 2 --workers 8 --client-procs 6 \\
+        --daemon-args "--batch-wait-ms=2 --admission=max_streams" --budget-s 480 --out capacity-8s.json
+    python3 scripts/bench_capacity.py --plan live:160:bf16:on,daemon:160:bf16:on --live-at 160=9600/12288 \\
+        --daemon-at 160=9600/12288 --daemon-churn --stream-s 60 --live-s 30 --warmup-s 2 --live-cap-s 150 \\
+        --daemon-cap-s 240 --workers 8 --client-procs 6 --daemon-args "--batch-wait-ms=2 --admission=max_streams" \\
+        --budget-s 480 --out capacity-60s-160ms.json
+    (the same with 1120 in place of 160, --live-at 1120=12800/16384 --daemon-at 1120=12800/16384)
 """
 from __future__ import annotations
 
@@ -37,8 +69,9 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -50,7 +83,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import load  # noqa: E402  (scripts/load.py: the daemon load test's machinery)
 
 CHUNK_RC = {80: 0, 160: 1, 560: 6, 1120: 13}  # chunk ms -> right context
+PARTS = ("engine", "live", "daemon")
 DEFAULT_PLAN = ("engine:160:bf16:on,daemon:160:bf16:on,engine:1120:bf16:on,daemon:1120:bf16:on,"
+                "live:160:bf16:on,live:1120:bf16:on,"
                 "engine:160:bf16:off,engine:1120:bf16:off,engine:160:fp32:on,engine:1120:fp32:on,"
                 "daemon:160:fp32:on,daemon:1120:fp32:on")
 
@@ -67,8 +102,8 @@ class Item:
     @classmethod
     def parse(cls, text: str) -> Item:
         part, chunk, dtype, graphs = text.split(":")
-        if part not in ("engine", "daemon") or int(chunk) not in CHUNK_RC or graphs not in ("on", "off"):
-            raise ValueError(f"bad plan item {text!r}: PART:CHUNK_MS:DTYPE:on|off, PART engine|daemon, "
+        if part not in PARTS or int(chunk) not in CHUNK_RC or graphs not in ("on", "off"):
+            raise ValueError(f"bad plan item {text!r}: PART:CHUNK_MS:DTYPE:on|off, PART {'|'.join(PARTS)}, "
                              f"CHUNK_MS one of {sorted(CHUNK_RC)}")
         return cls(part, int(chunk), dtype, graphs)
 
@@ -203,6 +238,86 @@ def engine_capacity(model_path: Path, item: Item, args: argparse.Namespace, seco
             torch.cuda.reset_peak_memory_stats(device)
 
 
+# -- engine alone, live streams -----------------------------------------------------------------
+
+def live_capacity(model_path: Path, item: Item, guess: int, args: argparse.Namespace, seconds: float
+                  ) -> dict[str, Any]:
+    """Levels of live streams with churn through the daemon's own engine (`live_engine.py`),
+    searched as the daemon's levels are, around the engine's capacity `guess`."""
+    return asyncio.run(_live_capacity(model_path, item, guess, args, seconds))
+
+
+async def _live_capacity(model_path: Path, item: Item, guess: int, args: argparse.Namespace, seconds: float
+                         ) -> dict[str, Any]:
+    import torch
+
+    import live_engine
+
+    t_begin = time.monotonic()
+    deadline = t_begin + seconds
+    fixed = fixed_levels(args.live_at, item)
+    first = fixed[0] if fixed else max(16, int(args.daemon_first * guess) // 16 * 16)
+    top = max(first, guess, *fixed)
+    # slots for the streams that end while the ones replacing them open, as the daemon's top + 64
+    cfg = live_engine.serve_config(model_path, args.device, item.dtype, top + top // 8 + 64,
+                                   ["--right-context", str(CHUNK_RC[item.chunk_ms]), "--cuda-graphs", item.graphs,
+                                    *args.daemon_args.split()])
+    switch = sys.getswitchinterval()  # the engine sets the daemon's (engine.gil_switch_ms)
+    try:
+        engine, metrics = await live_engine.start_engine(cfg)
+    except BaseException:
+        sys.setswitchinterval(switch)
+        raise
+    chunk_s = engine.recognizer.geometry.chunk_ms / 1000
+    stream_s = args.stream_s or args.seconds
+    audio = np.frombuffer(load.tone_bursts(seconds=20.0).pcm, dtype="<i2").astype(np.float32) / 32768
+
+    async def level(n: int, level_s: float) -> dict[str, Any]:
+        return await live_engine.run_level(engine, metrics, n, level_s=level_s, stream_s=stream_s,
+                                           send_s=args.send_ms / 1000, audio=audio, limit_s=chunk_s + args.slack_s,
+                                           max_late_s=args.max_send_late_s)
+
+    levels: list[dict[str, Any]] = []
+    best, worst = 0, None
+    try:
+        print(f"  live engine: warm-up level of {first} streams for {args.warmup_s:g} s (not counted); "
+              f"streams of {stream_s:g} s, levels of {args.live_s:g} s", flush=True)
+        warmup = await level(first, args.warmup_s)
+        print(f"  {live_engine.HEADER}", flush=True)
+        n = first
+        level_cost = args.live_s + chunk_s + args.slack_s + 2
+        while time.monotonic() + level_cost < deadline and len(levels) < (len(fixed) or args.daemon_levels):
+            row = await level(n, args.live_s)
+            levels.append(row)
+            print(f"  {live_engine.format_row(row)}", flush=True)
+            if row["passed"]:
+                best = max(best, n)
+            else:
+                worst = n if worst is None else min(worst, n)
+            if fixed:  # the asked levels, in order, however each went
+                if len(levels) == len(fixed):
+                    break
+                n = fixed[len(levels)]
+                continue
+            nxt = next_level(n, row["passed"], best, worst, top, levels)
+            if nxt is None:
+                break
+            n = nxt
+        return {"capacity": best, "first_failing": worst, "chunk_s": chunk_s, "stream_s": stream_s,
+                "max_latency_s": round(chunk_s + args.slack_s, 3), "levels": levels, "warmup_level": warmup,
+                "slots": engine.recognizer.capacity, "bounded_by_time": time.monotonic() + level_cost >= deadline,
+                "wall_s": round(time.monotonic() - t_begin, 1)}
+    finally:
+        await engine.stop()
+        device = engine.recognizer.model.device
+        del engine
+        gc.unfreeze()  # the startup heap `start_engine` froze, as the daemon does
+        sys.setswitchinterval(switch)
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
 # -- daemon end to end -------------------------------------------------------------------------
 
 def client_worker(url: str, indices: list[int], audios: list[load.Audio], seconds: float, send_s: float,
@@ -210,6 +325,31 @@ def client_worker(url: str, indices: list[int], audios: list[load.Audio], second
     """One client process's share of a level: (stream stats, CPU seconds this process used)."""
     c0 = time.process_time()
     stats = load._worker(url, indices, audios, seconds, send_s, start_at, ramp_s)
+    return stats, time.process_time() - c0
+
+
+def churn_worker(url: str, indices: list[int], n: int, audios: list[load.Audio], stream_s: float, level_s: float,
+                 send_s: float, start_at: float) -> tuple[list[dict[str, Any]], float]:
+    """`client_worker` for `--daemon-churn`: client slots `indices` of N each run streams of
+    `stream_s` back to back (each a new connection) until `level_s` after `start_at`, as the live
+    item's streams: the first streams' lengths spread over (0, stream_s], their starts over one
+    message, so that about N / stream_s streams open per second; the last are cut at the level's end."""
+    async def slot(i: int) -> list[load.StreamStats]:
+        audio = audios[i % len(audios)]
+        pcm = load.looped(audio, stream_s)
+        out: list[load.StreamStats] = []
+        at, seconds = start_at + send_s * i / n, stream_s * (i + 1) / n
+        while seconds >= send_s / 2:
+            out.append(await load.run_stream(url, i, audio, pcm, seconds, send_s, at))
+            at = time.time()
+            seconds = min(stream_s, start_at + level_s - at)
+        return out
+
+    async def level() -> list[load.StreamStats]:
+        return [st for part in await asyncio.gather(*map(slot, indices)) for st in part]
+
+    c0 = time.process_time()
+    stats = [asdict(st) for st in asyncio.run(level())]
     return stats, time.process_time() - c0
 
 
@@ -237,27 +377,79 @@ def run_level(url: str, n: int, audios: list[load.Audio], args: argparse.Namespa
               daemon_pid: int) -> dict[str, Any]:
     """load.py's level (N real-time streams), plus the CPU used by the clients and the daemon."""
     load.wait_idle(url)
-    before = load.scrape(url)
+    before, buckets = load.scrape(url), step_buckets(url)
     send_s = args.send_ms / 1000
     start_at = time.time() + 1.0
     procs = min(args.client_procs, n)
     shares = [list(range(p, n, procs)) for p in range(procs)]
     t0, (d0, f0) = time.monotonic(), process_cpu_s(daemon_pid)
-    futures = [pool.submit(client_worker, url, s, audios, args.seconds, send_s, start_at, args.ramp_s)
-               for s in shares]
+    if args.daemon_churn:
+        futures = [pool.submit(churn_worker, url, s, n, audios, args.stream_s or args.seconds, args.live_s, send_s,
+                               start_at) for s in shares]
+    else:
+        futures = [pool.submit(client_worker, url, s, audios, args.seconds, send_s, start_at, args.ramp_s)
+                   for s in shares]
     results = [f.result() for f in futures]
     d1, f1 = process_cpu_s(daemon_pid)
     wall, daemon_cpu, fronts_cpu = time.monotonic() - t0, d1 - d0, f1 - f0
     stats = [load.StreamStats(**d) for r in results for d in r[0]]
     client_cpu = sum(r[1] for r in results)
     after = load.scrape(url)
-    level = load.summarize(n, stats, before, after, args)
+    level = {**load.summarize(len(stats), stats, before, after, args), "streams": n, "opened": len(stats)}
+    level["server"]["decode_step_seconds_at_most"] = bucket_quantiles(buckets, step_buckets(url))
     level["load_generator"] = {"processes": procs, "cpu_s": round(client_cpu, 1), "wall_s": round(wall, 1),
                                "cores_used": round(client_cpu / wall, 2),
                                "max_process_cores": round(max(r[1] for r in results) / wall, 2)}
     level["daemon_cpu"] = {"cpu_s": round(daemon_cpu, 1), "cores_used": round(daemon_cpu / wall, 2),
                            "front_ends_cores_used": round(fronts_cpu / wall, 2), "front_ends": args.workers}
     return level
+
+
+def step_buckets(url: str) -> dict[float, float]:
+    """The daemon's step-time histogram (`streamd_decode_step_seconds`): steps so far at most
+    each bucket's bound."""
+    http = url.replace("ws", "http", 1) + "/metrics"
+    with urllib.request.urlopen(http, timeout=10) as r:
+        text = r.read().decode()
+    prefix = 'streamd_decode_step_seconds_bucket{le="'
+    return {float(line[len(prefix):].split('"')[0]): float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line.startswith(prefix)}
+
+
+def bucket_quantiles(before: dict[float, float], after: dict[float, float]) -> dict[str, float | str | None]:
+    """p50 and p95 of the steps between two `step_buckets`, as the bounds of their buckets (the
+    histogram's resolution: a factor of 2)."""
+    counts = sorted((le, after[le] - before.get(le, 0.0)) for le in after)
+    total = counts[-1][1] if counts else 0.0
+    bounds = [le for le, _ in counts if le != float("inf")]
+
+    def bound(q: float) -> float | str | None:
+        le = next(le for le, c in counts if c >= q * total)
+        return le if le != float("inf") else f"> {bounds[-1]}"
+    return {f"p{round(100 * q)}": bound(q) if total else None for q in (0.5, 0.95)}
+
+
+def next_level(n: int, passed: bool, best: int, worst: int | None, top: int, levels: list[dict[str, Any]]
+               ) -> int | None:
+    """The level after N (which `passed` or not) of a search up to `top` streams: up to `top`,
+    then bisecting between the best passing and the worst failing level, in steps of 16 streams;
+    None when done (as many as the engine alone keeps real time, or no new level 5 % away)."""
+    if passed:
+        if worst is None and n >= top:
+            return None
+        nxt = top if worst is None else (best + worst) // 2
+    else:
+        nxt = (best + worst) // 2 if best else n // 2
+    nxt = nxt // 16 * 16
+    if nxt < 16 or nxt == n or any(lv["streams"] == nxt for lv in levels) or abs(nxt - n) < 0.05 * n:
+        return None
+    return nxt
+
+
+def fixed_levels(spec: str, item: Item) -> list[int]:
+    """The levels `--daemon-at` / `--live-at` asks for at this item's chunk (and dtype)."""
+    at = daemon_levels_at(spec)
+    return at.get(f"{item.chunk_ms}:{item.dtype}", at.get(str(item.chunk_ms), []))
 
 
 def daemon_levels_at(spec: str) -> dict[str, list[int]]:
@@ -283,8 +475,7 @@ def daemon_capacity(model_path: Path, item: Item, guess: int, args: argparse.Nam
     """Levels of real-time streams through a real daemon, around the engine's capacity `guess`."""
     t_begin = time.monotonic()
     deadline = t_begin + seconds
-    at = daemon_levels_at(args.daemon_at)
-    fixed = at.get(f"{item.chunk_ms}:{item.dtype}", at.get(str(item.chunk_ms), []))
+    fixed = fixed_levels(args.daemon_at, item)
     first = fixed[0] if fixed else max(16, int(args.daemon_first * guess) // 16 * 16)
     top = max(first, guess, *fixed)
     daemon = load.Daemon(str(model_path), args.device, item.dtype, top + 64,
@@ -304,12 +495,12 @@ def daemon_capacity(model_path: Path, item: Item, guess: int, args: argparse.Nam
             raise RuntimeError(f"probe stream failed: {probe.error}")
         chunk_s = probe.ready["chunk_ms"] / 1000
         ns.max_latency_s = chunk_s + args.slack_s
-        warm = argparse.Namespace(**{**vars(ns), "seconds": args.warmup_s})
+        warm = argparse.Namespace(**{**vars(ns), "seconds": args.warmup_s, "live_s": args.warmup_s})
         print(f"  daemon {url}: warm-up level of {first} streams for {args.warmup_s:g} s (not counted)", flush=True)
         warmup = run_level(url, first, audios, warm, pool, daemon.proc.pid)
         print(f"  {load.HEADER}", flush=True)
         n = first
-        level_cost = args.seconds + args.ramp_s + 8
+        level_cost = (args.live_s if args.daemon_churn else args.seconds + args.ramp_s) + 8
         while time.monotonic() + level_cost < deadline and len(levels) < (len(fixed) or args.daemon_levels):
             spy = py_spy(daemon.proc.pid, args, f"{item.chunk_ms}ms-{n}") if not levels else None
             level = run_level(url, n, audios, ns, pool, daemon.proc.pid)
@@ -326,14 +517,8 @@ def daemon_capacity(model_path: Path, item: Item, guess: int, args: argparse.Nam
                     break
                 n = fixed[len(levels)]
                 continue
-            if level["passed"]:
-                if worst is None and n >= top:
-                    break  # as many as the engine alone keeps real time
-                nxt = top if worst is None else (best + worst) // 2
-            else:
-                nxt = (best + worst) // 2 if best else n // 2
-            nxt = nxt // 16 * 16
-            if nxt < 16 or nxt == n or any(lv["streams"] == nxt for lv in levels) or abs(nxt - n) < 0.05 * n:
+            nxt = next_level(n, level["passed"], best, worst, top, levels)
+            if nxt is None:
                 break
             n = nxt
         return {"capacity": best, "first_failing": worst, "max_latency_s": ns.max_latency_s, "levels": levels,
@@ -386,19 +571,50 @@ def summary_table(items: list[dict[str, Any]]) -> str:
     configs: dict[tuple[int, str, str], dict[str, Any]] = {}
     for r in items:
         configs.setdefault((r["chunk_ms"], r["dtype"], r["graphs"]), {})[r["part"]] = r
-    lines = ["chunk  dtype graphs |   engine streams (step s) |  daemon streams (p95 partial s, clients: procs/cores) | daemon/engine"]
+    lines = ["chunk  dtype graphs |   engine streams (step s) | live streams (p50 step s, batch) "
+             "|  daemon streams (p95 partial s, clients: procs/cores) | daemon/engine | daemon/live"]
     for (chunk, dtype, graphs), parts in configs.items():
-        e, d = parts.get("engine"), parts.get("daemon")
-        e_txt = d_txt = "-"
+        e, lv, d = parts.get("engine"), parts.get("live"), parts.get("daemon")
+        e_txt = l_txt = d_txt = "-"
         if e and "capacity" in e:
             at = next((p for p in e["probes"] if p["streams"] == e["capacity"]), None)
             e_txt = f"{e['capacity']}{'+' if e['first_failing'] is None else ''} ({at['step_s']:.3f})" if at else "0"
+        if lv and "capacity" in lv:
+            at = next((x for x in lv["levels"] if x["streams"] == lv["capacity"]), None)
+            l_txt = (f"{lv['capacity']}{'+' if lv['first_failing'] is None else ''} "
+                     f"({at['steps']['step_s']['p50']}, {at['steps']['mean_batch']})" if at else "0")
         if d and "capacity" in d:
-            at = next((lv for lv in d["levels"] if lv["streams"] == d["capacity"]), None)
+            at = next((x for x in d["levels"] if x["streams"] == d["capacity"]), None)
             d_txt = (f"{d['capacity']} ({at['partial_latency_s']['p95']:.2f}, {at['load_generator']['processes']}/"
                      f"{at['load_generator']['cores_used']})" if at else "0")
-        ratio = (f"{d['capacity'] / e['capacity']:.2f}" if e and d and e.get("capacity") and "capacity" in d else "-")
-        lines.append(f"{chunk:5d}  {dtype:5s} {graphs:6s} | {e_txt:>25s} | {d_txt:>52s} | {ratio:>13s}")
+
+        def ratio(base: dict[str, Any] | None) -> str:
+            known = base and d and base.get("capacity") and "capacity" in d
+            return f"{d['capacity'] / base['capacity']:.2f}" if known else "-"
+        lines.append(f"{chunk:5d}  {dtype:5s} {graphs:6s} | {e_txt:>25s} | {l_txt:>32s} | {d_txt:>52s} | "
+                     f"{ratio(e):>13s} | {ratio(lv):>11s}")
+    return "\n".join(lines)
+
+
+def levels_table(items: list[dict[str, Any]]) -> str:
+    """Every counted level of the live and daemon items: streams kept real time, steps, batch."""
+    lines = ["chunk  dtype graphs part   | streams  opened kept_up | step p50 / p95 s (daemon: bucket bounds) "
+             "| mean step s | mean batch | result"]
+    for r in items:
+        for lv in r.get("levels", []) if r["part"] in ("live", "daemon") else []:
+            if r["part"] == "live":
+                st = lv["steps"]
+                opened, steps = lv["opened"], f"{st['step_s']['p50']} / {st['step_s']['p95']}"
+                mean, batch = st["mean_s"], st["mean_batch"]
+            else:
+                sv = lv["server"]
+                q = sv.get("decode_step_seconds_at_most", {})
+                opened, steps = lv.get("opened", lv["streams"]), f"<= {q.get('p50')} / <= {q.get('p95')}"
+                mean = None if sv["decode_step_seconds_mean"] is None else round(sv["decode_step_seconds_mean"], 4)
+                batch = None if sv["batch_size_mean"] is None else round(sv["batch_size_mean"], 1)
+            lines.append(f"{r['chunk_ms']:5d}  {r['dtype']:5s} {r['graphs']:6s} {r['part']:6s} | {lv['streams']:7d} "
+                         f"{opened:7d} {lv['kept_up']:7d} | {steps:>40s} | {str(mean):>11s} | {str(batch):>10s} | "
+                         f"{'ok' if lv['passed'] else 'FAIL'}")
     return "\n".join(lines)
 
 
@@ -414,13 +630,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--engine-max", type=int, default=16384, help="largest engine level (default: 16384)")
     p.add_argument("--engine-refine", type=int, default=3, help="engine bisection steps (default: 3)")
     p.add_argument("--daemon-first", type=float, default=0.8,
-                   help="first daemon level, as a fraction of the engine's capacity (default: 0.8)")
-    p.add_argument("--daemon-levels", type=int, default=3, help="most daemon levels per item (default: 3)")
+                   help="first daemon (and live) level, as a fraction of the engine's capacity (default: 0.8)")
+    p.add_argument("--daemon-levels", type=int, default=3, help="most daemon (and live) levels per item (default: 3)")
     p.add_argument("--daemon-at", default="", help="run exactly these daemon levels instead of a search, "
                    "per chunk ms or chunk:dtype, e.g. '160=2400/3200,1120:fp32=4096' (as time allows)")
     p.add_argument("--daemon-guess", type=int, default=1024,
-                   help="engine capacity assumed when the plan has no engine result for a daemon item")
+                   help="engine capacity assumed when the plan has no engine result for a live or daemon item")
+    p.add_argument("--live-cap-s", type=float, default=60, help="most time for one live item (default: 60)")
+    p.add_argument("--live-at", default="", help="run exactly these live levels instead of a search, as --daemon-at")
+    p.add_argument("--live-s", type=float, default=10.0, help="length of one live level (default: 10)")
+    p.add_argument("--stream-s", type=float, default=None,
+                   help="audio per live stream before it ends and another opens (default: --seconds)")
     p.add_argument("--seconds", type=float, default=8.0, help="audio per stream and daemon level (default: 8)")
+    p.add_argument("--daemon-churn", action="store_true",
+                   help="daemon levels as live ones: N streams of --stream-s for --live-s, each replaced as it ends "
+                        "(a new connection), instead of N streams of --seconds started over --ramp-s")
     p.add_argument("--warmup-s", type=float, default=3.0, help="audio per stream of the uncounted first level")
     p.add_argument("--ramp-s", type=float, default=3.0, help="stream starts spread over this long (default: 3)")
     p.add_argument("--send-ms", type=int, default=100, help="audio per client message (default: 100)")
@@ -452,8 +676,9 @@ def main(argv: list[str] | None = None) -> int:
     report["items"] = results
     for item in args.items:
         left = deadline - time.monotonic()
-        cap = args.engine_cap_s if item.part == "engine" else args.daemon_cap_s
-        need = 12 if item.part == "engine" else args.seconds + args.ramp_s + args.warmup_s + 30
+        cap = {"engine": args.engine_cap_s, "live": args.live_cap_s, "daemon": args.daemon_cap_s}[item.part]
+        need = {"engine": 12, "live": args.live_s + args.warmup_s + 20,
+                "daemon": args.seconds + args.ramp_s + args.warmup_s + 30}[item.part]
         row: dict[str, Any] = {"part": item.part, "chunk_ms": item.chunk_ms, "dtype": item.dtype,
                                "graphs": item.graphs}
         if left < need:
@@ -472,7 +697,11 @@ def main(argv: list[str] | None = None) -> int:
                 engine = next((r for r in results if r["part"] == "engine" and r.get("capacity")
                                and (r["chunk_ms"], r["dtype"], r["graphs"]) == item.config), None)
                 guess = engine["capacity"] if engine else args.daemon_guess
-                row.update(daemon_capacity(model_path, item, guess, args, min(cap, left)))
+                if item.part == "live":  # in a process of its own, as the engine item
+                    with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as one:
+                        row.update(one.submit(live_capacity, model_path, item, guess, args, min(cap, left)).result())
+                else:
+                    row.update(daemon_capacity(model_path, item, guess, args, min(cap, left)))
         except Exception as e:  # noqa: BLE001 - report it and go on with the plan
             row["error"] = f"{type(e).__name__}: {e}"
             print(f"{item}: failed: {row['error']}", flush=True)
@@ -481,10 +710,13 @@ def main(argv: list[str] | None = None) -> int:
     report["wall_s"] = round(time.monotonic() - t_begin, 1)
     table = summary_table(results)
     report["table"] = table.splitlines()
+    levels = levels_table(results)
+    report["levels_table"] = levels.splitlines()
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"\n{table}\n(engine: N ready streams stepped together, median step <= chunk; daemon: load.py levels, "
-          f"p95 latency <= chunk + {args.slack_s} s; '+': never failed)\nwrote {args.out}; {report['wall_s']} s",
-          flush=True)
+          f"p95 latency <= chunk + {args.slack_s} s; '+': never failed)\n\n{levels}\n(live: the daemon's engine "
+          f"alone, N live streams of {args.stream_s or args.seconds:g} s with churn; opened: streams over the level)"
+          f"\nwrote {args.out}; {report['wall_s']} s", flush=True)
     return 0
 
 

@@ -1,0 +1,63 @@
+"""scripts/bench_capacity.py's live item: the daemon's own engine, alone, keeps N streams live with
+churn (streams end and new ones open) and reports each level's streams and steps; its daemon
+levels can churn the same way (`--daemon-churn`)."""
+from __future__ import annotations
+
+import sys
+import time
+
+from conftest import FIXTURES, REPO
+
+sys.path.insert(0, str(REPO / "scripts"))
+import bench_capacity  # noqa: E402
+
+
+def test_live_level_churns_and_reports() -> None:
+    model = FIXTURES / "tiny_streaming_fastconformer_hybrid.nemo"
+    args = bench_capacity.parse_args(["--device", "cpu", "--model", str(model), "--plan", "live:160:fp32:off",
+                                      "--live-at", "160=4", "--stream-s", "0.5", "--live-s", "2", "--warmup-s", "0.5"])
+    item = args.items[0]
+    switch = sys.getswitchinterval()
+    result = bench_capacity.live_capacity(model, item, 4, args, seconds=60)
+    assert sys.getswitchinterval() == switch  # the daemon's, set by the engine, is undone
+    [level] = result["levels"]
+    assert level["streams"] == 4
+    assert level["opened"] > 4 + 4 * 2 / 0.5 / 2  # about 4 / 0.5 s open per second after the first 4
+    assert level["drain_s"]["n"] == level["opened"]  # every stream ended and was flushed
+    assert level["steps"]["count"] > 0 and level["steps"]["mean_batch"] > 0
+    lat = level["result_latency_s"]["p95"]
+    assert level["passed"] == (level["kept_up"] == level["opened"] and not level["errors"]
+                               and not level["client_bound"] and lat is not None and lat <= result["max_latency_s"])
+    if not level["passed"]:  # a busy CI machine: then the report says which streams fell behind
+        assert level["kept_up"] < level["opened"] or level["client_bound"] or lat > result["max_latency_s"]
+    table = bench_capacity.levels_table([{"part": "live", "chunk_ms": 160, "dtype": "fp32", "graphs": "off",
+                                          **result}])
+    assert f"{level['opened']:7d} {level['kept_up']:7d}" in table.splitlines()[1]
+
+
+def test_daemon_step_quantiles_are_bucket_bounds() -> None:
+    inf = float("inf")
+    before = {0.01: 5.0, 0.02: 5.0, 0.04: 5.0, inf: 5.0}  # steps before the level do not count
+    after = {0.01: 15.0, 0.02: 24.0, 0.04: 25.0, inf: 25.0}
+    assert bench_capacity.bucket_quantiles(before, after) == {"p50": 0.01, "p95": 0.02}
+    assert bench_capacity.bucket_quantiles({}, {0.01: 0.0, inf: 4.0}) == {"p50": "> 0.01", "p95": "> 0.01"}
+    assert bench_capacity.bucket_quantiles(after, after) == {"p50": None, "p95": None}
+
+
+def test_daemon_churn_opens_new_connections() -> None:
+    """`--daemon-churn`: each client slot streams back to back through a real daemon, so more
+    streams open than the level holds, and each one ends with its summary."""
+    import load
+
+    daemon = load.Daemon(str(FIXTURES / "tiny_streaming_fastconformer_hybrid.nemo"), "cpu", "fp32", 16,
+                         ["--right-context", "1", "--cuda-graphs", "off", "--admission", "max_streams"])
+    try:
+        url = daemon.wait_serving(timeout=120)
+        stats, cpu_s = bench_capacity.churn_worker(url, [0, 1, 2], 3, [load.tone_bursts(seconds=2.0)], stream_s=0.5,
+                                                   level_s=2.0, send_s=0.1, start_at=time.time() + 0.2)
+    finally:
+        daemon.stop()
+    per_slot = [sum(s["index"] == i for s in stats) for i in range(3)]
+    assert min(per_slot) >= 2  # each slot's first stream (at most 0.5 s), then more until 2 s
+    assert all(s["error"] is None and s["drain"] is not None for s in stats)
+    assert cpu_s > 0
