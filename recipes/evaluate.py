@@ -44,7 +44,8 @@ def greedy(model: Transducer) -> GreedyLabelLooping:
 def offline_transcribe(model: Transducer, audios: Sequence[np.ndarray], batch: int = 64,
                        context: tuple[int, int] | None = None) -> list[list[int]]:
     """Token ids of each utterance, decoded offline in padded batches on the model's device, under
-    attention context `context` (None: the model's default)."""
+    attention context `context` (None: the model's default): `streamd.decode.transcribe_offline`,
+    batched."""
     att_context = model.dims.att_context(context)
     search, device = greedy(model), model.device
     order = sorted(range(len(audios)), key=lambda i: len(audios[i]))

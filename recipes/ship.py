@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from streamd.engine.recognizer import transcribe_offline
+from streamd.decode import transcribe_offline
 from streamd.model.checkpoint import DEFAULT_MODEL, load_model, save_streamd
 from streamd.model.transducer import Transducer
 

@@ -1,5 +1,6 @@
 """`streamd decode`: run the model on audio files without a server (a user tool and the
-reference that the daemon's results are checked against)."""
+reference that the daemon's results are checked against): streamed through the daemon's pipeline
+(`stream_batch`), or offline over the whole utterance (`transcribe_offline`)."""
 from __future__ import annotations
 
 import json
@@ -11,9 +12,11 @@ from typing import TextIO
 
 import numpy as np
 import torch
+from torch import Tensor
 
+from streamd.decoding.greedy import GreedyLabelLooping
 from streamd.engine.placement import move_model, parse_device, parse_dtype
-from streamd.engine.recognizer import Recognizer, transcribe_offline
+from streamd.engine.recognizer import Recognizer
 from streamd.engine.stream import Stream
 from streamd.model.checkpoint import LoadedModel, load_model, resolve_model_path
 from streamd.model.transducer import Transducer
@@ -92,3 +95,18 @@ def stream_batch(model: Transducer, audios: Sequence[np.ndarray], att_context: t
     for s in streams:
         rec.close(s)
     return [(s.tokens, s.times) for s in streams]
+
+
+def transcribe_offline(model: Transducer, audio: Tensor, decoder: GreedyLabelLooping | None = None,
+                       att_context: tuple[int, int] | None = None) -> tuple[list[int], list[int]]:
+    """Full-utterance reference: features, encoder under the streaming mask of `att_context`
+    (None: the model's default), greedy search.
+    audio: (N,) float32 at the model's rate. Returns tokens and their encoder-frame times."""
+    context = model.dims.att_context(att_context)
+    with torch.no_grad():
+        device = model.device
+        a = audio.to(device)[None]
+        mel, mel_len = model.preprocessor(a, torch.tensor([a.shape[1]], device=device))
+        enc, enc_len = model.encoder(mel, mel_len, context)
+        hyps, _ = (decoder or GreedyLabelLooping.for_model(model))(enc, enc_len)
+    return hyps.to_lists()[0]

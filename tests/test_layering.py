@@ -63,8 +63,8 @@ def test_no_upward_imports(layer: str, forbidden: tuple[str, ...]) -> None:
 
 # What a front-end process imports (server/worker.py) and the session layer: none may load torch.
 TORCH_FREE = ("streamd.engine.types", "streamd.session.core", "streamd.server.context", "streamd.server.handler",
-              "streamd.server.realtime", "streamd.server.deepgram", "streamd.server.front", "streamd.server.link",
-              "streamd.server.worker", "streamd.session.realtime")
+              "streamd.server.native", "streamd.server.realtime", "streamd.server.deepgram", "streamd.server.front",
+              "streamd.server.link", "streamd.server.worker", "streamd.session.realtime")
 
 
 @pytest.mark.parametrize("module", TORCH_FREE)

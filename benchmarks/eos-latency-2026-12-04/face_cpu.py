@@ -31,10 +31,11 @@ from streamd.engine.engine import EngineSession  # noqa: E402
 from streamd.engine.recognizer import ChunkResult  # noqa: E402
 from streamd.engine.stream import ChunkGeometry  # noqa: E402
 from streamd.model.tokenizer import Tokenizer  # noqa: E402
-from streamd.server.deepgram import ListenConnection  # noqa: E402
+from streamd.server.deepgram import ListenStream  # noqa: E402
 from streamd.server.handler import Connection, StreamContext  # noqa: E402
 from streamd.server.metrics import Metrics  # noqa: E402
-from streamd.server.realtime import RealtimeConnection  # noqa: E402
+from streamd.server.native import NativeStream  # noqa: E402
+from streamd.server.realtime import RealtimeStream  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 FACES = ("native", "deepgram", "realtime", "native+interim", "deepgram+interim")
@@ -81,21 +82,21 @@ async def connection(name: str, tokenizer: Tokenizer) -> Connection:
     engine: Any = Engine()
     state = StreamContext(Config(), engine, tokenizer, Metrics(process=False), "fastconformer-l-random")
     if face == "native":
-        c = Connection(Socket("/v1/stream"), state)  # type: ignore[arg-type]
+        c = Connection(Socket("/v1/stream"), state, NativeStream)  # type: ignore[arg-type]
         c.session.receive(json.dumps({"type": "start", "sample_rate": 16000, "encoding": "s16le",
                                       "interim_results": interim, "endpointing": False}))
         c.session.proto._seq = 1  # as after `ready`
-        await c._run_commands()
+        await c.run_commands()
     elif face == "deepgram":
         query = "encoding=linear16&sample_rate=16000&endpointing=false" + "&interim_results=true" * interim
-        c = ListenConnection(Socket("/v1/listen?" + query), state)  # type: ignore[arg-type]
-        c.session.begin(c.options.start())
+        c = Connection(Socket("/v1/listen?" + query), state, ListenStream)  # type: ignore[arg-type]
+        c.session.begin(c.face.options.start())  # type: ignore[attr-defined]
         c.sender = SimpleNamespace()  # type: ignore[assignment]  # never done: no backlog here
-        await c._run_commands()
+        await c.run_commands()
     else:
-        c = RealtimeConnection(Socket("/v1/realtime"), state)  # type: ignore[arg-type]
-        face_state = c.face if hasattr(c, "face") else c  # the settings' owner since issue 31: RealtimeFace
-        face_state.config = face_state.config.__class__(rate=16000, vad=False)
+        c = Connection(Socket("/v1/realtime"), state, RealtimeStream)  # type: ignore[arg-type]
+        events = c.face.events  # type: ignore[attr-defined]  # the session settings' owner: RealtimeFace
+        events.config = events.config.__class__(rate=16000, vad=False)
     return c
 
 
@@ -124,11 +125,11 @@ async def run(name: str, tokenizer: Tokenizer, cycles: int) -> str:
             for message in messages:
                 if face == "native":
                     c.session.receive(message)
-                    await c._run_commands()
+                    await c.run_commands()
                 elif face == "deepgram":
-                    await c._handle(message)  # type: ignore[attr-defined]
-                elif audio := await c._handle(message):  # type: ignore[attr-defined]  # Realtime: the append's audio
-                    await c._append(audio)  # type: ignore[attr-defined]
+                    await c.face.handle(message)  # type: ignore[attr-defined]
+                elif audio := await c.face.handle(message):  # type: ignore[attr-defined]  # Realtime: the append's audio
+                    await c.face.append(audio)  # type: ignore[attr-defined]
             audio_s += time.process_time() - t
             audio_n += len(messages)
             tokens, times = [], []
@@ -139,7 +140,7 @@ async def run(name: str, tokenizer: Tokenizer, cycles: int) -> str:
             segment = c.session.segment
             assert segment is not None
             t = time.process_time()
-            await c._deliver_all(c.session.receive_result(segment, ChunkResult(tokens, times, frame - first,
+            await c.deliver_all(c.session.receive_result(segment, ChunkResult(tokens, times, frame - first,
                                                                                 frame - first + STEP_FRAMES)))
             result_s += time.process_time() - t
             result_n += 1
@@ -148,11 +149,11 @@ async def run(name: str, tokenizer: Tokenizer, cycles: int) -> str:
         end = {"native": "finalize", "deepgram": "Finalize", "realtime": "input_audio_buffer.commit"}[face]
         if face == "native":
             c.session.receive(json.dumps({"type": end}))
-            await c._run_commands()
+            await c.run_commands()
         else:
-            await c._handle(json.dumps({"type": end}))  # type: ignore[attr-defined]
+            await c.face.handle(json.dumps({"type": end}))  # type: ignore[attr-defined]
         assert ended is not None
-        await c._deliver_all(c.session.segment_flushed(ended))
+        await c.deliver_all(c.session.segment_flushed(ended))
     sent = c.ws.sent / cycles  # type: ignore[attr-defined]
     return (f"| {name} | {1e6 * audio_s / audio_n:.0f} | {1e6 * result_s / result_n:.0f} | {sent:.1f} |")
 

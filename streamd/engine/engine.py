@@ -59,7 +59,9 @@ class _Step:
 
 
 class Engine:
-    """`pipeline`: launch the next step while one runs on the device (None: when the model's
+    """The engine thread and the event loop's side of it (the module doc).
+
+    `pipeline`: launch the next step while one runs on the device (None: when the model's
     device runs steps asynchronously, i.e. a GPU; on a CPU a launch computes the whole step, and
     launching another before delivering the first would only delay its results).
 
@@ -198,8 +200,8 @@ class Engine:
         self._post(Send(outlet, messages))
 
     def post_many(self, commands: list[StreamCommand]) -> None:
-        """Queue several stream commands at once, in order (from any thread: a front-end bridge
-        hands over a batch of its streams' audio this way)."""
+        """Queue several stream commands at once, in order (from any thread: a front end's bridge
+        hands over its streams' ends and closes this way; their audio it gives `take_audio`)."""
         self.inbox.post_many(commands)
 
     def _post(self, command: Command) -> None:

@@ -115,7 +115,7 @@ class Stop:
 
 
 Command = Open | Audio | End | Close | Call | Send | Watch | Unwatch | Stop
-StreamCommand = Audio | End | Close  # what a front end's bridge posts in bulk
+StreamCommand = Audio | End | Close  # a stream's commands (a front end's bridge posts its End and Close in bulk)
 HELD = (Call, Stop)  # the commands that wait until no step is in flight
 
 

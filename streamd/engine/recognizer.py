@@ -414,17 +414,3 @@ def _host(device: torch.device, shape: tuple[int, ...], dtype: torch.dtype) -> T
     step is queued before the labels are read back."""
     return torch.empty(shape, dtype=dtype, pin_memory=device.type == "cuda")
 
-
-def transcribe_offline(model: Transducer, audio: Tensor, decoder: GreedyLabelLooping | None = None,
-                       att_context: tuple[int, int] | None = None) -> tuple[list[int], list[int]]:
-    """Full-utterance reference: features, encoder under the streaming mask of `att_context`
-    (None: the model's default), greedy search.
-    audio: (N,) float32 at the model's rate. Returns tokens and their encoder-frame times."""
-    context = model.dims.att_context(att_context)
-    with torch.no_grad():
-        device = model.device
-        a = audio.to(device)[None]
-        mel, mel_len = model.preprocessor(a, torch.tensor([a.shape[1]], device=device))
-        enc, enc_len = model.encoder(mel, mel_len, context)
-        hyps, _ = (decoder or GreedyLabelLooping.for_model(model))(enc, enc_len)
-    return hyps.to_lists()[0]

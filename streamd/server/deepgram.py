@@ -1,23 +1,22 @@
-"""Deepgram's live transcription protocol on ``/v1/listen``, served by the native stream.
+"""Deepgram's live transcription protocol on ``/v1/listen``: a face of a `Connection`
+(`server/handler.py`).
 
-A listen session is a native stream (:class:`streamd.server.handler.Connection`) with Deepgram's
-messages: the same engine segments, endpointing, limits and timeouts. The query string is the
-native ``start`` (checked at the handshake: a bad or unsupported value is an HTTP 400 there);
-binary messages are audio; ``Finalize`` is ``finalize``; ``CloseStream`` (or an empty binary
-message) is ``stop``; ``KeepAlive`` only resets the idle timer. Results map to ``Results``
-messages (partials: ``is_final`` false; finals: ``is_final`` true, ``speech_final`` for an
-endpoint, ``from_finalize`` for a ``Finalize``), with ``SpeechStarted`` and ``UtteranceEnd`` when
-asked for, and ``Metadata`` before the close. Options streamd cannot honour but that leave the
-transcript usable (``punctuate=true``, ``keywords``...) are reported in a non-fatal ``Error``
-message at the start and in ``Metadata``; bad client messages get a non-fatal ``Error`` and the
-session goes on. ``docs/protocol.md`` has the user-facing description.
+A listen session is served as a native stream is, with Deepgram's messages: the same engine
+segments, endpointing, limits and timeouts. The query string is the native ``start`` (checked at the
+handshake: a bad or unsupported value is an HTTP 400 there); binary messages are audio; ``Finalize``
+is ``finalize``; ``CloseStream`` (or an empty binary message) is ``stop``; ``KeepAlive`` only resets
+the idle timer. Results map to ``Results`` messages (partials: ``is_final`` false; finals:
+``is_final`` true, ``speech_final`` for an endpoint, ``from_finalize`` for a ``Finalize``), with
+``SpeechStarted`` and ``UtteranceEnd`` when asked for, and ``Metadata`` before the close. Options
+streamd cannot honour but that leave the transcript usable (``punctuate=true``, ``keywords``...) are
+reported in a non-fatal ``Error`` message at the start and in ``Metadata``; bad client messages get
+a non-fatal ``Error`` and the session goes on. ``docs/protocol.md`` has the user-facing description.
 """
 from __future__ import annotations
 
 import hashlib
 import importlib.metadata
 import json
-import logging
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,20 +26,15 @@ from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
-from websockets.asyncio.server import ServerConnection
-from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Response
 
 from streamd import protocol as p
 from streamd.config import MAX_ENDPOINT_MS
-from streamd.errors import SlowConsumer, StreamdError, echo
-from streamd.server.context import StreamContext
+from streamd.errors import StreamdError, echo
 from streamd.server.handler import Connection
 from streamd.server.http import response
 from streamd.server.realtime import G711
 from streamd.session.core import Result
-
-log = logging.getLogger("streamd.server")
 
 Encoding = Literal["linear16", "mulaw", "alaw"]
 _G711: dict[str, Literal["g711_ulaw", "g711_alaw"]] = {"mulaw": "g711_ulaw", "alaw": "g711_alaw"}
@@ -219,51 +213,53 @@ def _parse(data: str) -> dict[str, Any]:
     return message
 
 
-# -- the connection -----------------------------------------------------------------------------
+# -- the face ----------------------------------------------------------------------------------
 
-class ListenConnection(Connection):
-    """One ``/v1/listen`` websocket: Deepgram's live messages over the native stream machinery.
-    The stream starts at the handshake, with the format and options of the query."""
+class ListenStream:
+    """The ``/v1/listen`` face of a connection (`handler.Face`): Deepgram's live messages. The
+    stream starts at the handshake, with the format and options of the query."""
 
-    def __init__(self, ws: ServerConnection, state: StreamContext) -> None:
-        super().__init__(ws, state)
-        assert ws.request is not None
-        self.options = parse_options(ws.request.path)  # the handshake checked it
+    def __init__(self, conn: Connection) -> None:
+        self.conn, self.session = conn, conn.session
+        assert conn.ws.request is not None
+        self.options = parse_options(conn.ws.request.path)  # the handshake checked it
         self.request_id = str(uuid.uuid4())
         self.created = datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-        self.model_uuid = str(uuid.uuid5(uuid.NAMESPACE_URL, "streamd:" + state.model_name))
+        model_name = conn.state.model_name
+        self.model_uuid = str(uuid.uuid5(uuid.NAMESPACE_URL, "streamd:" + model_name))
         self.sha256 = hashlib.sha256()
         self.announced = -1  # the last utterance whose SpeechStarted was sent
         self.heard_s = 0.0  # stream time of the end of the last word heard (interim or final)
         self.heard_pending = False  # words heard since the last UtteranceEnd
-        model_info = {"name": state.model_name, "version": _version(), "arch": "streamd"}
+        model_info = {"name": model_name, "version": _version(), "arch": "streamd"}
         self.result_metadata: dict[str, Any] = {"request_id": self.request_id, "model_info": model_info,
                                                 "model_uuid": self.model_uuid}
         if self.options.extra:
             self.result_metadata["extra"] = dict(self.options.extra)
 
-    async def _serve(self) -> str:
+    async def serve(self) -> str:
+        conn = self.conn
         for w in self.options.warnings:
             await self._error(ListenError("UnsupportedParameter", w.message, w.parameter))
         self.session.begin(self.options.start())
         reason = "shutdown"
-        with self._serving():
-            await self._run_commands()  # open the first segment
-            sender = self._start_sender()
-            while (data := await self._next_message()) is not None:
-                closing = await self._handle(data)
+        with conn.serving():
+            await conn.run_commands()  # open the first segment
+            sender = conn.start_sender()
+            while (data := await conn.next_message()) is not None:
+                closing = await self.handle(data)
                 del data  # taken: the next receive waits without it
                 if closing:
                     reason = "close stream"
                     break
             self.session.end()
-            await self._run_commands()
+            await conn.run_commands()
             await sender
         await self._send_json(self._metadata())
-        await self.close(p.CloseCode.NORMAL_CLOSURE if reason == "close stream" else p.CloseCode.GOING_AWAY)
+        await conn.close(p.CloseCode.NORMAL_CLOSURE if reason == "close stream" else p.CloseCode.GOING_AWAY)
         return reason
 
-    async def _handle(self, data: str | bytes) -> bool:
+    async def handle(self, data: str | bytes) -> bool:
         """Take one client message; True for the end of the stream (``CloseStream``)."""
         if isinstance(data, bytes):
             if not data:  # Deepgram's older way to close a stream
@@ -280,7 +276,7 @@ class ListenConnection(Connection):
                     raise ListenError("SchemaError", f"Finalize channel must be 0 (streamd transcribes one "
                                       f"channel), got {echo(message.get('channel'))}", data[:200])
                 self.session.finalize()
-                await self._run_commands()
+                await self.conn.run_commands()
             elif message_type != "KeepAlive":
                 raise ListenError("SchemaError", f"unknown message type {echo(message_type)}; streamd takes KeepAlive, "
                                   "Finalize and CloseStream (and binary audio)", data[:200])
@@ -291,14 +287,13 @@ class ListenConnection(Connection):
     async def _audio(self, data: bytes) -> None:
         self.sha256.update(data)
         table = G711[_G711[self.options.encoding]] if self.options.encoding != "linear16" else None
-        assert self.sender is not None
         # on shutdown, the next receive ends the loop
-        await self._feed(data, self.sender, None if table is None else lambda b: table[np.frombuffer(b, np.uint8)].tobytes())
+        await self.conn.feed(data, None if table is None else lambda b: table[np.frombuffer(b, np.uint8)].tobytes())
 
     # -- results ---------------------------------------------------------------------------------
-    async def _deliver_all(self, results: list[Result]) -> None:
-        await super()._deliver_all(results)
-        if self.heard_pending and self._pause_ended(self.session.decoded_s):  # decoded that far without words
+    async def delivered(self) -> None:
+        """An ``UtteranceEnd`` once decoding went on long enough without words."""
+        if self.heard_pending and self._pause_ended(self.session.decoded_s):
             await self._utterance_end()
 
     def _pause_ended(self, until_s: float) -> bool:
@@ -319,7 +314,7 @@ class ListenConnection(Connection):
                 await self._utterance_end()
             self.heard_s, self.heard_pending = new[-1].end, True
 
-    async def _deliver(self, result: Result) -> None:
+    async def deliver(self, result: Result) -> None:
         """Map a native result to Deepgram messages (see the module doc)."""
         final = isinstance(result, p.Final)
         words = (result.words or ()) if isinstance(result, p.Final) else self.session.open_words()
@@ -354,21 +349,15 @@ class ListenConnection(Connection):
                              for w in self.options.warnings]}
 
     # -- sending -----------------------------------------------------------------------------------
+    async def report(self, error: StreamdError) -> None:
+        """An ``Error`` message with the error's code and message."""
+        await self._error(ListenError(error.code, error.message))
+
     async def _send_json(self, body: dict[str, Any]) -> None:
-        await self.send_text(json.dumps(body, ensure_ascii=False, separators=(",", ":")))
+        await self.conn.send_text(json.dumps(body, ensure_ascii=False, separators=(",", ":")))
 
     async def _error(self, e: ListenError) -> None:
         body = {"type": "Error", "variant": e.variant, "description": e.description}
         if e.message is not None:
             body["message"] = e.message
         await self._send_json(body)
-
-    async def _fail(self, exc: StreamdError) -> None:
-        code, reason = p.close_for(exc)
-        log.info("connection %s: %s: %s", self.log_id, exc.code, exc.message)
-        try:
-            if not isinstance(exc, SlowConsumer):  # a slow consumer is not reading: only the close frame
-                await self._error(ListenError(exc.code, exc.message))
-            await self.close(code, reason)
-        except (ConnectionClosed, SlowConsumer):
-            self.ws.transport.abort()

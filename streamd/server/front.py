@@ -20,12 +20,13 @@ from websockets.http11 import Request, Response
 from streamd.config import Config
 from streamd.protocol import LISTEN_PATH, REALTIME_PATH, STREAM_PATH
 from streamd.server.access import Access
-from streamd.server.deepgram import ListenConnection, listen_refusal
+from streamd.server.deepgram import ListenStream, listen_refusal
 from streamd.server.context import StreamContext
-from streamd.server.handler import Connection
+from streamd.server.handler import Connection, FaceType
 from streamd.server.http import GuardedConnection, quiet_client_handshake_faults, response, without_body
 from streamd.server.metrics import CONTENT_TYPE
-from streamd.server.realtime import RealtimeConnection
+from streamd.server.native import NativeStream
+from streamd.server.realtime import RealtimeStream
 from streamd.server.resume import SESSION_HEADER, assign_session_id
 from streamd.server.secrets import read_token, warn_if_exposed
 
@@ -46,8 +47,7 @@ STATIC_FILES = {"/": ("index.html", "text/html; charset=utf-8"),
 ACCESS_GRANTED = b"access granted: open this path with a websocket handshake\n"
 
 # The stream faces: the native protocol, OpenAI Realtime and Deepgram live, by path.
-FACES: dict[str, type[Connection]] = {STREAM_PATH: Connection, REALTIME_PATH: RealtimeConnection,
-                                      LISTEN_PATH: ListenConnection}
+FACES: dict[str, FaceType] = {STREAM_PATH: NativeStream, REALTIME_PATH: RealtimeStream, LISTEN_PATH: ListenStream}
 
 
 class Front:
@@ -161,9 +161,9 @@ class Front:
         self.state.metrics.streams_active.inc()
         try:
             path = ws.request.path.split("?", 1)[0] if ws.request is not None else STREAM_PATH
-            await FACES.get(path, Connection)(ws, self.state).run()
+            await Connection(ws, self.state, FACES.get(path, NativeStream)).run()
         finally:
-            if task in self.state.live:  # not when the connection carried a resume (handler.Connection._carry)
+            if task in self.state.live:  # not when the connection carried a resume (native.NativeStream._carry)
                 self.state.live.discard(task)
                 self.state.metrics.streams_active.dec()
             self.state.count_live()

@@ -1,9 +1,14 @@
-"""One websocket connection: the I/O around a `StreamSession` (`streamd.session.core`).
+"""One websocket connection: the I/O around a `StreamSession` (`streamd.session.core`), whatever
+protocol it speaks.
 
-`Connection` owns the socket, timeouts, engine slots and back-pressure, and pumps: client messages
-into the session and its engine commands to the engine (the receiver, this coroutine); engine
-results into the session and its messages to the client (the sender task). What the messages
-and commands are is the session's.
+`Connection` owns the socket, timeouts, engine streams and back-pressure, and pumps: client
+audio into the session and its engine commands to the engine; engine results into the session
+and, through the sender task, out to the client. What is said on the wire is its `Face`'s: the
+native protocol (`server/native.py`), OpenAI Realtime (`server/realtime.py`) or Deepgram live
+(`server/deepgram.py`). A face has a connection and drives it: it serves the stream
+(`Face.serve`, reading with `next_message`, feeding with `feed`, inside `serving`), maps each
+result to its messages (`Face.deliver`) and reports the error that ends the stream
+(`Face.report`); `Connection.run` does the rest, once for every face.
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
@@ -22,13 +28,38 @@ from streamd.errors import (BacklogExceeded, CapacityError, IdleTimeout, Interna
                             SlowConsumer, StreamdError, StreamFailed)
 from streamd import protocol as p
 from streamd.server.context import StreamContext
-from streamd.server.resume import Attach, Parking, carry, log_name, session_id_of
+from streamd.server.resume import Parking, log_name, session_id_of
 from streamd.session.core import End, Open, Result, Segment, StreamSession
 
 log = logging.getLogger("streamd.server")
 # Audio bytes fed to a session at a time: a paced stream's backlog passes max_backlog_s by at most
 # this much (1 s of 16 kHz s16le; 4 s of 8 kHz G.711), not by a whole message.
 FEED_BYTES = 32 << 10
+
+
+class Face(Protocol):
+    """A connection's protocol: what the client and the server say to each other. It has its
+    `Connection` (made by `FaceType`), which does the I/O."""
+
+    async def serve(self) -> str:
+        """The stream, from the first message to the close; returns why it ended (for the log).
+        Raises what ends it otherwise (`Connection.run` closes the connection then)."""
+        ...
+
+    async def deliver(self, result: Result) -> None:
+        """Send a result of the session as this protocol's messages."""
+        ...
+
+    async def delivered(self) -> None:
+        """The results of one engine hand-over (none, maybe) are all delivered."""
+        ...
+
+    async def report(self, error: StreamdError) -> None:
+        """Tell the client the error that ends the stream (the close frame follows)."""
+        ...
+
+
+FaceType = Callable[["Connection"], Face]
 
 
 @dataclass(eq=False)
@@ -41,20 +72,22 @@ class SegmentStream:
 
 
 class Connection:
-    def __init__(self, ws: ServerConnection, state: StreamContext) -> None:
+    """One websocket and its stream's session, served by the face `face_type` makes."""
+
+    def __init__(self, ws: ServerConnection, state: StreamContext, face_type: FaceType) -> None:
         self.ws, self.state = ws, state
         self.session = StreamSession(state.geometry, state.tokenizer, state.config.endpointing,
                                      state.metrics.count_endpoint, state.config.gate,
                                      utterance_limit_ms=round(state.config.server.utterance_limit_s * 1000))
         self.id = session_id_of(ws)
         self.log_id = log_name(self.id)  # logs never hold the session id (nor its resume secret)
-        # Resume (streamd.server.resume): native streams record what they send once `start` is
-        # taken; a dropped connection parks the stream for a client that resumes it.
+        # Resume (streamd.server.resume): a face that enables it records what it sends; a dropped
+        # connection then parks the stream for a client that resumes it (the native face does).
         self.parking = Parking(self, self.id)
         self.send_lock = asyncio.Lock()
         self.engine_streams: dict[Segment, SegmentStream] = {}  # every segment's engine stream, closed at the end
         self.opened: asyncio.Queue[SegmentStream | None] = asyncio.Queue()  # to the sender, in order; None: no more
-        self.sender: asyncio.Task[None] | None = None  # the engine's results to the client (`_sender`)
+        self.sender: asyncio.Task[None] | None = None  # the engine's results to the client (`start_sender`)
         # At least 3 chunks: the first result needs a chunk plus the lookahead, so a smaller limit
         # would hold a paced client back before anything could be decoded.
         self.backlog_limit_s = max(state.config.server.max_backlog_s,
@@ -63,21 +96,23 @@ class Connection:
         self.started = time.monotonic()
         self._waiting: asyncio.Timeout | None = None  # the deadline of a receive shutdown may cut
         self._failed: BaseException | None = None  # why the sender stopped early; ends the receive
+        self.face = face_type(self)
 
     async def run(self) -> None:
+        """Serve the connection with its face, and close it on an error (told by the face)."""
         log.info("connect %s from %s", self.log_id, self.ws.remote_address)
         reason = "error"
         watcher = asyncio.create_task(self._watch_shutdown())
         try:
-            reason = await self._serve()
+            reason = await self.face.serve()
         except StreamdError as e:
-            await self._fail(e)
+            await self.fail(e)
         except ConnectionClosed as e:
             reason = ("handed off" if self.parking.handed_off else "client closed" if isinstance(e, ConnectionClosedOK)
                       else "client gone")
         except Exception as e:  # a bug: report it to this client only
             log.exception("connection %s failed", self.log_id)
-            await self._fail(InternalError(f"internal error: {type(e).__name__}"))
+            await self.fail(InternalError(f"internal error: {type(e).__name__}"))
         finally:
             watcher.cancel()
             self.parking.end()
@@ -89,47 +124,8 @@ class Connection:
         if self._waiting is not None:
             self._waiting.reschedule(asyncio.get_running_loop().time())
 
-    async def _serve(self) -> str:
-        cfg = self.state.config.server
-        first = await self._recv(cfg.idle_timeout_s, allow_shutdown=True)
-        if first is None:  # shutting down before "start": nothing to drain
-            await self.ws.close(p.CloseCode.GOING_AWAY)
-            return "shutdown"
-        msg = self.session.receive(first)  # raises unless it is "start"
-        assert isinstance(msg, p.Start)
-        if msg.resume is not None:
-            attach, result = self.state.sessions.resume(msg.resume.session_id, msg.resume.secret, self.ws,
-                                                        msg.resume.last_seq)
-            self.state.metrics.resumes.labels(result=result).inc()
-            if result == "refused":
-                log.warning("connection %s: a resume without the session's secret was refused", self.log_id)
-            if attach is not None:
-                return await self._carry(attach)  # the session's commands are never run
-        with self._serving():
-            await self._run_commands()  # open the first segment
-            resumable = self.parking.enabled = self.state.sessions.grace_s > 0
-            await self._send(p.Ready(self.id, self.state.model_name, self.state.device, self.state.dtype,
-                                     self.state.chunk_ms, msg.sample_rate, self.session.rules,
-                                     cfg.idle_timeout_s, cfg.max_session_s,
-                                     resume_secret=self.parking.state.secret if resumable else None))
-            if resumable:
-                self.parking.register()
-            sender = self._start_sender()
-            reason = await self._receive_loop(sender)
-            if reason == "shutdown":
-                self.session.end()
-            await self._run_commands()
-            if reason == "stop":
-                await self._flush_after_stop(sender)
-            else:
-                await sender
-        await self._send(self.session.summary("shutdown" if reason == "shutdown" else "stop",
-                                              time.monotonic() - self.started))
-        await self.close(p.CloseCode.GOING_AWAY if reason == "shutdown" else p.CloseCode.NORMAL_CLOSURE)
-        return reason
-
     @contextlib.contextmanager
-    def _serving(self) -> Iterator[None]:
+    def serving(self) -> Iterator[None]:
         """Around a face's stream: however it ends, the sender stops and every segment's engine
         stream is closed."""
         try:
@@ -140,50 +136,31 @@ class Connection:
             for segment_stream in self.engine_streams.values():
                 self.state.engine.close(segment_stream.engine)
 
-    def _start_sender(self) -> asyncio.Task[None]:
-        self.sender = asyncio.create_task(self._sender())
+    def start_sender(self) -> asyncio.Task[None]:
+        """Start the sender task: the engine's results, segment after segment, through the session
+        to the face (`Face.deliver`). One that fails ends the receive waiting then."""
+        self.sender = asyncio.create_task(self._send_results())
         self.sender.add_done_callback(self._sender_done)
         return self.sender
 
-    async def _next_message(self) -> str | bytes | None:
+    async def next_message(self) -> str | bytes | None:
         """The client's next message (within `idle_timeout_s`); None once the server shuts down.
         Raises SessionExpired for a message after `max_session_s`."""
         cfg = self.state.config.server
-        data = await self._recv(cfg.idle_timeout_s, allow_shutdown=True)
+        data = await self.recv(cfg.idle_timeout_s, allow_shutdown=True)
         if data is not None and time.monotonic() - self.started > cfg.max_session_s:
             raise SessionExpired(f"session longer than max_session_s={cfg.max_session_s:g}")
         return data
 
     def _sender_done(self, task: asyncio.Task[None]) -> None:
-        """A sender that failed ends the receive waiting now (the receive loop raises its error)."""
+        """A sender that failed ends the receive waiting now (the receive raises its error)."""
         if task.cancelled() or task.exception() is None:
             return
         self._failed = task.exception()
         if self._waiting is not None:
             self._waiting.reschedule(asyncio.get_running_loop().time())
 
-    async def _receive_loop(self, sender: asyncio.Task[None]) -> str:
-        """Feed the session audio and controls until `stop` or shutdown; returns which."""
-        while True:
-            data = await self._next_message()
-            if data is None:
-                return "shutdown"
-            if isinstance(data, bytes):
-                self.session.proto.receive_audio()  # raises unless audio may come now
-                self.parking.state.audio_bytes += len(data)
-                fed = await self._feed(data, sender)
-                del data  # taken: the next receive waits without it
-                if not fed:
-                    return "shutdown"
-                continue
-            msg = self.session.receive(data)
-            await self._run_commands()
-            if isinstance(msg, p.Stop):
-                return "stop"
-            elif isinstance(msg, p.Finalize):
-                self.parking.state.finalizes += 1
-
-    async def _run_commands(self) -> None:
+    async def run_commands(self) -> None:
         """Run the engine commands the session queued, in order."""
         for command in self.session.commands():
             if isinstance(command, Open):
@@ -228,20 +205,21 @@ class Connection:
         self.engine_streams[segment] = segment_stream
         await self.opened.put(segment_stream)
 
-    async def _feed(self, audio: bytes, sender: asyncio.Task[None],
-                    convert: Callable[[bytes], bytes] | None = None) -> bool:
+    async def feed(self, audio: bytes, convert: Callable[[bytes], bytes] | None = None) -> bool:
         """Feed a message's audio to the session `FEED_BYTES` at a time (`convert`ed first), and
         hold the backlog (`_hold_backlog`) whenever it passes its limit: it never passes it by more
         than one piece, and a paced stream holds the rest of the message as it came, not as
-        float32. After shutdown began the rest is fed unpaced; returns False then."""
+        float32. After shutdown began the rest is fed unpaced; returns False then. The sender
+        must have started."""
+        assert self.sender is not None
         paced = True
         for i in range(0, len(audio), FEED_BYTES):
             piece = audio[i:i + FEED_BYTES]
             self.session.feed(convert(piece) if convert is not None else piece)
             del piece
-            await self._run_commands()
+            await self.run_commands()
             if paced and self.session.backlog_s > self.backlog_limit_s:
-                paced = await self._hold_backlog(sender)
+                paced = await self._hold_backlog(self.sender)
         return paced
 
     async def _hold_backlog(self, sender: asyncio.Task[None]) -> bool:
@@ -267,17 +245,7 @@ class Connection:
         finally:
             shutdown.cancel()
 
-    async def _flush_after_stop(self, sender: asyncio.Task[None]) -> None:
-        """Wait for the last results; a client message before they are all sent breaks the protocol."""
-        late = asyncio.ensure_future(self.ws.recv())
-        await asyncio.wait({sender, late}, return_when=asyncio.FIRST_COMPLETED)
-        if not late.done():
-            late.cancel()
-        else:
-            self.session.receive(late.result())  # raises: a message after stop
-        await sender
-
-    async def _recv(self, timeout: float, allow_shutdown: bool = False) -> str | bytes | None:
+    async def recv(self, timeout: float, allow_shutdown: bool = False) -> str | bytes | None:
         """The next client message; None once the server shuts down (with `allow_shutdown`). A
         resumable stream whose connection drops waits for its client to resume it first."""
         while True:
@@ -317,51 +285,27 @@ class Connection:
         finally:
             self._waiting = None
 
-    async def _sender(self) -> None:
-        """The engine's results, segment after segment, through the session to the client."""
+    async def _send_results(self) -> None:
+        """The sender: the engine's results, segment after segment, through the session to the face."""
         while (segment_stream := await self.opened.get()) is not None:
             while (item := await segment_stream.engine.results.get()) is not None:
                 if isinstance(item, StreamFailed):
                     raise InternalError(str(item))
                 results = self.session.receive_result(segment_stream.segment, item)
                 self._progress.set()
-                await self._deliver_all(results)
+                await self.deliver_all(results)
             segment_stream.flushed.set()
-            await self._deliver_all(self.session.segment_flushed(segment_stream.segment))
+            await self.deliver_all(self.session.segment_flushed(segment_stream.segment))
 
-    async def _deliver_all(self, results: list[Result]) -> None:
+    async def deliver_all(self, results: list[Result]) -> None:
+        """Deliver one engine hand-over's results through the face, timing each."""
         for result in results:
             # Latency in audio time: received but not reflected in the result when it is sent.
             lag = max(0.0, self.session.received_s - result.audio_processed)
-            await self._deliver(result)
+            await self.face.deliver(result)
             metrics = self.state.metrics
             (metrics.final_latency if isinstance(result, p.Final) else metrics.partial_latency).observe(lag)
-
-    async def _deliver(self, result: Result) -> None:
-        """Send a result to the client (another protocol face maps it to its own events)."""
-        await self._send(result)
-
-    async def _send(self, msg: p.ServerMessage) -> None:
-        async with self.send_lock:
-            text = self.session.proto.encode(msg)
-            if not self.parking.enabled:
-                await self.send_text(text)
-                return
-            self.parking.state.record(self.session.proto.seq - 1, text)
-            try:
-                await self.send_text(text)
-            except ConnectionClosed:
-                pass  # kept for a resume; the receive side notices the drop
-
-    async def _carry(self, attach: Attach) -> str:
-        """This connection resumed a parked session, which now uses it (`resume.carry`). It is
-        not a stream of its own."""
-        task = asyncio.current_task()
-        if task is not None and task in self.state.live:
-            self.state.live.discard(task)
-            self.state.count_live()
-            self.state.metrics.streams_active.dec()
-        return await carry(self, attach)
+        await self.face.delivered()
 
     async def send_text(self, text: str) -> None:
         """Send one message; a client that has not taken it within send_timeout_s is too slow.
@@ -382,13 +326,14 @@ class Connection:
         except TimeoutError:
             self.ws.transport.abort()
 
-    async def _fail(self, exc: StreamdError) -> None:
+    async def fail(self, exc: StreamdError) -> None:
+        """End the stream for `exc`: the face tells the client, then the close frame with its code."""
         code, reason = p.close_for(exc)
         log.info("connection %s: %s: %s", self.log_id, exc.code, exc.message)
         try:
             # A slow consumer is not reading: its close frame (with the reason) is all it may still see.
-            if self.session.proto.phase is not p.Phase.CLOSED and not isinstance(exc, SlowConsumer):
-                await self._send(p.Error.from_exception(exc))
+            if not isinstance(exc, SlowConsumer):
+                await self.face.report(exc)
             await self.close(code, reason)
         except (ConnectionClosed, SlowConsumer):
             self.ws.transport.abort()

@@ -1,35 +1,30 @@
-"""The OpenAI Realtime transcription protocol on ``/v1/realtime``, served by the native stream.
+"""The OpenAI Realtime transcription protocol on ``/v1/realtime``: a face of a `Connection`
+(`server/handler.py`).
 
-A realtime session is a native stream (:class:`streamd.server.handler.Connection`) with other
-events: the same engine segments, endpointing, limits and timeouts. ``session.update`` (or the
-beta ``transcription_session.update``) becomes the native ``start``; ``input_audio_buffer.append``
-is a binary audio message; ``commit`` is ``finalize``; ``clear`` ends the segment and drops its
-results. Results map to events: the first partial of an utterance is ``speech_started`` (server
-VAD), partials are ``delta`` events of the text they append, an endpoint final is
-``speech_stopped`` + ``committed`` + ``completed``. Errors in client events are answered with an
-``error`` event and the session goes on. ``docs/protocol.md`` has the user-facing description.
-The protocol itself, without I/O, is `streamd.session.realtime`; here is the connection.
+A realtime session is served as a native stream is, with other events: the same engine segments,
+endpointing, limits and timeouts. ``session.update`` (or the beta ``transcription_session.update``)
+becomes the native ``start``; ``input_audio_buffer.append`` is a binary audio message; ``commit`` is
+``finalize``; ``clear`` ends the segment and drops its results. Results map to events: the first
+partial of an utterance is ``speech_started`` (server VAD), partials are ``delta`` events of the
+text they append, an endpoint final is ``speech_stopped`` + ``committed`` + ``completed``. Errors in
+client events are answered with an ``error`` event and the session goes on. ``docs/protocol.md`` has
+the user-facing description.
+The protocol itself, without I/O, is `streamd.session.realtime`; here is its face.
 """
 from __future__ import annotations
 
-import logging
 from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 import numpy.typing as npt
-from websockets.asyncio.server import ServerConnection
-from websockets.exceptions import ConnectionClosed
 
-from streamd.errors import SlowConsumer, StreamdError, echo
+from streamd.errors import StreamdError, echo
 from streamd import protocol as p
-from streamd.server.context import StreamContext
 from streamd.server.handler import Connection
 from streamd.session.core import Result
 from streamd.session.realtime import (EVENTS, UNSUPPORTED_EVENTS, AudioFormat, RealtimeError, RealtimeFace, as_object,
                                       check_keys, event_audio, parse_event, update_beta, update_ga)
-
-log = logging.getLogger("streamd.server")
 
 
 def _g711_tables() -> dict[AudioFormat, npt.NDArray[np.int16]]:
@@ -48,44 +43,46 @@ def _g711_tables() -> dict[AudioFormat, npt.NDArray[np.int16]]:
 G711 = _g711_tables()
 
 
-# -- the connection -----------------------------------------------------------------------------
+# -- the face ----------------------------------------------------------------------------------
 
-class RealtimeConnection(Connection):
-    """One ``/v1/realtime`` websocket: Realtime transcription events over the native stream machinery.
+class RealtimeStream:
+    """The ``/v1/realtime`` face of a connection (`handler.Face`): Realtime transcription events.
 
     The engine stream starts at the first ``append``; the session settings are fixed from then on.
     """
 
-    def __init__(self, ws: ServerConnection, state: StreamContext) -> None:
-        super().__init__(ws, state)
-        assert ws.request is not None
-        self.beta = "realtime=v1" in ws.request.headers.get("OpenAI-Beta", "")
-        self.intent = parse_qs(urlsplit(ws.request.path).query).get("intent", ["transcription"])[-1]
-        self.face = RealtimeFace(self.id, state.model_name, state.config.endpointing)
+    def __init__(self, conn: Connection) -> None:
+        self.conn, self.session = conn, conn.session
+        request = conn.ws.request
+        assert request is not None
+        self.beta = "realtime=v1" in request.headers.get("OpenAI-Beta", "")
+        self.intent = parse_qs(urlsplit(request.path).query).get("intent", ["transcription"])[-1]
+        self.events = RealtimeFace(conn.id, conn.state.model_name, conn.state.config.endpointing)
         self.appended = False  # audio since the last commit or clear
 
-    async def _serve(self) -> str:
+    async def serve(self) -> str:
+        conn = self.conn
         await self._event("transcription_session.created" if self.beta else "session.created",
-                          session=self.face.describe(self.beta))
+                          session=self.events.describe(self.beta))
         if self.intent != "transcription":
             await self._error(RealtimeError("unsupported", f"intent={echo(self.intent)} is not supported: streamd "
                                             "only transcribes (intent=transcription)", "intent"))
-            await self.close(p.CloseCode.POLICY_VIOLATION, "only intent=transcription is supported")
+            await conn.close(p.CloseCode.POLICY_VIOLATION, "only intent=transcription is supported")
             return "unsupported intent"
-        with self._serving():
-            while (data := await self._next_message()) is not None:
-                if self.sender is not None and self.sender.done():
-                    self.sender.result()  # raises what ended it
-                audio = await self._handle(data)
+        with conn.serving():
+            while (data := await conn.next_message()) is not None:
+                if conn.sender is not None and conn.sender.done():
+                    conn.sender.result()  # raises what ended it
+                audio = await self.handle(data)
                 del data  # the event is let go of before its audio is fed (and paced)
                 if audio:
-                    await self._append(audio)
+                    await self.append(audio)
                 del audio
             await self._drain()
-        await self.close(p.CloseCode.GOING_AWAY)
+        await conn.close(p.CloseCode.GOING_AWAY)
         return "shutdown"
 
-    async def _handle(self, data: str | bytes) -> bytes | None:
+    async def handle(self, data: str | bytes) -> bytes | None:
         """Take one client event; an `append`'s audio is returned (decoded), for the caller to
         feed once it has let go of the event."""
         event_id: str | None = None
@@ -118,12 +115,12 @@ class RealtimeConnection(Connection):
             if "session" not in event:
                 raise RealtimeError("missing_required_parameter", f"{event_type} needs \"session\"", "session")
             session = as_object(event["session"], "session") or {}
-            config = (update_beta if beta else update_ga)(self.face.config, session)
-            if self.session.start is not None and config != self.face.config:
+            config = (update_beta if beta else update_ga)(self.events.config, session)
+            if self.session.start is not None and config != self.events.config:
                 raise RealtimeError("session_update_after_audio", "the audio format and turn detection cannot "
                                     "change once audio was appended; open a new session", "session")
-            self.face.config = config
-            await self._event(f"{event_type}d", session=self.face.describe(beta))
+            self.events.config = config
+            await self._event(f"{event_type}d", session=self.events.describe(beta))
         elif event_type in UNSUPPORTED_EVENTS:
             raise RealtimeError("unsupported", f"{event_type} is not supported: streamd only transcribes (no "
                                 "conversation items, no responses)", "type")
@@ -132,52 +129,50 @@ class RealtimeConnection(Connection):
                                 f"{', '.join(EVENTS)}", "type")
         return None
 
-    async def _append(self, audio: bytes) -> None:
+    async def append(self, audio: bytes) -> None:
+        """Feed an ``append``'s audio; the first one starts the stream."""
         if not audio:
             return
         if self.session.start is None:
-            self.session.begin(self.face.config.start())
-            await self._run_commands()  # open the first segment
-            self._start_sender()
-        assert self.sender is not None
-        table = G711[self.face.config.format] if self.face.config.format != "pcm16" else None
+            self.session.begin(self.events.config.start())
+            await self.conn.run_commands()  # open the first segment
+            self.conn.start_sender()
+        table = G711[self.events.config.format] if self.events.config.format != "pcm16" else None
         self.appended = True
         # on shutdown, the next receive ends the loop
-        await self._feed(audio, self.sender, None if table is None else lambda b: table[np.frombuffer(b, np.uint8)].tobytes())
+        await self.conn.feed(audio, None if table is None else lambda b: table[np.frombuffer(b, np.uint8)].tobytes())
 
     async def _next_segment(self, reason: Literal["finalize", "clear"]) -> None:
         """End the open segment (`finalize`: transcribe it; `clear`: drop its results) and open the next."""
         self.session.finalize(reason)
-        await self._run_commands()
+        await self.conn.run_commands()
         self.appended = False
 
     async def _drain(self) -> None:
         """Shutting down: transcribe the audio not yet committed, then let the sender finish."""
-        if self.session.segment is None or self.sender is None:
+        if self.session.segment is None or self.conn.sender is None:
             return
         self.session.end()
-        await self._run_commands()
-        await self.sender
+        await self.conn.run_commands()
+        await self.conn.sender
 
-    async def _deliver(self, result: Result) -> None:
+    async def deliver(self, result: Result) -> None:
         """Send a native result as realtime events (the session drops the results of a cleared
         segment)."""
-        for text in self.face.result(result):
-            await self.send_text(text)
+        for text in self.events.result(result):
+            await self.conn.send_text(text)
+
+    async def delivered(self) -> None:
+        """Nothing more: events answer results only."""
+
+    async def report(self, error: StreamdError) -> None:
+        """An ``error`` event (``server_error`` for an internal error)."""
+        code, _ = p.close_for(error)
+        await self._error(RealtimeError(error.code, error.message), None,
+                          "server_error" if code == p.CloseCode.INTERNAL_ERROR else "invalid_request_error")
 
     async def _event(self, kind: str, **fields: Any) -> None:
-        await self.send_text(self.face.event(kind, **fields))
+        await self.conn.send_text(self.events.event(kind, **fields))
 
     async def _error(self, e: RealtimeError, event_id: str | None = None, kind: str = "invalid_request_error") -> None:
-        await self.send_text(self.face.error(e, event_id, kind))
-
-    async def _fail(self, exc: StreamdError) -> None:
-        code, reason = p.close_for(exc)
-        log.info("connection %s: %s: %s", self.log_id, exc.code, exc.message)
-        try:
-            if not isinstance(exc, SlowConsumer):  # a slow consumer is not reading: only the close frame
-                await self._error(RealtimeError(exc.code, exc.message), None,
-                                  "server_error" if code == p.CloseCode.INTERNAL_ERROR else "invalid_request_error")
-            await self.close(code, reason)
-        except (ConnectionClosed, SlowConsumer):
-            self.ws.transport.abort()
+        await self.conn.send_text(self.events.error(e, event_id, kind))

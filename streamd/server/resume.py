@@ -21,9 +21,9 @@ the stream ends as if the client had gone. A parked stream keeps its slot, but a
 finds the daemon full takes the slot of the one parked longest (:meth:`Sessions.evict`), in
 whichever front-end process it is (`StreamContext.make_room`).
 
-:class:`Parking` is one native stream's side of all this, beside its connection
-(`server/handler.py`): it parks the stream, hands it a resuming connection with the replay, and
-closes a connection taken over or handed off.
+:class:`Parking` is one stream's side of all this, beside its connection (`server/handler.py`;
+the native face, `server/native.py`, enables it): it parks the stream, hands it a resuming
+connection with the replay, and closes a connection taken over or handed off.
 """
 from __future__ import annotations
 

@@ -5,6 +5,8 @@ The words, as the code and `docs/protocol.md` use them:
 
 - connection: one websocket (`server/handler.Connection`). It carries one stream, or, after a
   resume, the rest of a parked one.
+- face: the protocol a connection speaks (`server/handler.Face`): native (`server/native.py`),
+  OpenAI Realtime (`server/realtime.py`) or Deepgram live (`server/deepgram.py`).
 - stream: what a client sends from `start` to `stop`, and the results it gets back; its
   conversation is a `StreamSession`.
 - session: a stream as resume sees it, named by its session id (`server/resume.py`); it outlives

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from helpers import fixture_model, greedy, random_model, reference, run_streams, synthetic_audio
+from streamd.decode import transcribe_offline
 from streamd.engine.migration import cut_over, placed_copy, stage_cache
 from streamd.engine.placement import move_model
-from streamd.engine.recognizer import Recognizer, transcribe_offline
+from streamd.engine.recognizer import Recognizer
 from streamd.engine.stream import Stream
 from streamd.model.transducer import Transducer
 
