@@ -18,6 +18,7 @@ import numpy as np
 FRAME_S = 0.02
 BAND_HZ = (250.0, 3500.0)
 FLOOR_S = 1.5
+ANALYSE_S = 0.5  # the most audio a stream keeps waiting for analysis
 _SILENT_DBFS = -200.0  # the level of digital silence (log of 0 kept finite)
 
 
@@ -25,15 +26,19 @@ class Activity:
     """The active frames of one stream's audio (float32 mono at `rate`, pushed in order); frames
     older than what `forget` was told are dropped.
 
-    A push costs a stream's front end CPU on every audio message, so it is a few numpy calls over all
-    of the message's frames at once (one FFT, band power, level) and a short loop of plain floats
-    for the floor; the active frames are a bytearray (one byte a frame, 1: active)."""
+    A push comes with every audio message of a stream, so it only keeps the samples: they are
+    analysed when a frame is asked about (a session asks once an engine step), or once `ANALYSE_S`
+    seconds are waiting, all frames at once: one FFT, band power and level, then a short loop of
+    plain floats for the floor. The decisions do not depend on the pieces the audio came in. The
+    active frames are a bytearray (one byte a frame, 1: active)."""
 
     def __init__(self, rate: int, min_dbfs: float, rise_db: float) -> None:
         self.rate, self.min_dbfs, self.rise_db = rate, min_dbfs, rise_db
         self.frame = round(rate * FRAME_S)
         self._window = round(FLOOR_S / FRAME_S)
         self._rest = np.zeros(0, np.float32)  # samples short of a frame
+        self._waiting: list[np.ndarray] = []  # pushed, not analysed yet
+        self._waiting_size, self._analyse_size = 0, round(rate * ANALYSE_S)
         self._window_fn = np.hanning(self.frame)
         bins = np.fft.rfftfreq(self.frame, 1 / rate)
         band = np.flatnonzero((bins >= BAND_HZ[0]) & (bins <= BAND_HZ[1]))  # contiguous bins
@@ -47,12 +52,22 @@ class Activity:
     @property
     def frames(self) -> int:
         """Frames seen so far."""
+        self._analyse()
         return self._first + len(self._active)
 
     def push(self, samples: np.ndarray) -> None:
-        x = samples.astype(np.float32, copy=False)
-        if self._rest.size:
-            x = np.concatenate([self._rest, x])
+        self._waiting.append(samples.astype(np.float32))  # a copy: kept for later
+        self._waiting_size += samples.size
+        if self._waiting_size >= self._analyse_size:
+            self._analyse()
+
+    def _analyse(self) -> None:
+        """Decide the whole frames of the samples waiting."""
+        if not self._waiting:
+            return
+        x = np.concatenate([self._rest, *self._waiting])
+        self._waiting.clear()
+        self._waiting_size = 0
         n = x.size // self.frame
         self._rest = x[n * self.frame:].copy()
         if n == 0:
@@ -73,12 +88,14 @@ class Activity:
 
     def active(self, start_s: float, end_s: float) -> bool:
         """Whether any frame overlapping [start_s, end_s) seconds of the stream is active."""
+        self._analyse()
         a = max(int(start_s / FRAME_S), self._first) - self._first
         b = max(math.ceil(end_s / FRAME_S), self._first) - self._first
         return self._active.find(1, a, b) >= 0
 
     def forget(self, before_s: float) -> None:
         """Frames that end before `before_s` will not be asked about again."""
+        self._analyse()
         drop = min(int(before_s / FRAME_S), self.frames) - self._first
         if drop > 0:
             del self._active[:drop]

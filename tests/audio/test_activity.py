@@ -8,7 +8,7 @@ from functools import cache
 import numpy as np
 import pytest
 
-from streamd.audio.activity import BAND_HZ, FLOOR_S, FRAME_S, Activity
+from streamd.audio.activity import ANALYSE_S, BAND_HZ, FLOOR_S, FRAME_S, Activity
 
 THRESHOLDS = [(-70.0, 9.0), (-45.0, 3.0), (-90.0, 20.0)]  # the default (min_dbfs, rise_db), then others
 
@@ -115,3 +115,12 @@ def test_forgetting_keeps_the_later_frames() -> None:
         first = max(0, int(((at + 640) / 16000 - 0.3) / FRAME_S))
         assert frames_of(a, first) == expected[first:a.frames]
         assert a.active(0.0, a.frames * FRAME_S) == any(expected[first:a.frames])
+
+
+def test_audio_waits_for_analysis_at_most_analyse_s() -> None:
+    """Pushes keep their samples until a frame is asked about, but never more than `ANALYSE_S`."""
+    a = Activity(16000, -70.0, 9.0)
+    for i in range(100):
+        a.push(np.zeros(640, np.float32))
+        assert a._waiting_size < 16000 * ANALYSE_S
+    assert a.frames == 200 and a._waiting_size == 0
