@@ -233,7 +233,7 @@ class ResultsJson:
 
     def __init__(self, metadata: Mapping[str, Any]) -> None:
         self._metadata = _json(metadata)  # the same in every message
-        self._words: dict[p.Word, str] = {}
+        self._words: dict[tuple[str, float, float], str] = {}  # a word's value: its JSON
 
     def encode(self, result: Result, words: tuple[p.Word, ...]) -> str:
         """`result` with `words` (a partial's from the session, a final's its own)."""
@@ -246,12 +246,17 @@ class ResultsJson:
                       "from_finalize": reason == "finalize"})
         alternative = _json({"transcript": text, "confidence": 1.0 if text else 0.0})
         known, self._words = self._words, {}
+        fragments = []
         for w in words:
-            if w not in self._words:
-                self._words[w] = known.get(w) or _json({"word": w.word, "start": w.start, "end": w.end,
-                                                        "confidence": 1.0, "punctuated_word": w.word})
-        fragments = ",".join(self._words[w] for w in words)
-        return (f'{head[:-1]},"channel":{{"alternatives":[{alternative[:-1]},"words":[{fragments}]}}]}},'
+            # a word's value, hashed in C (a Word's hash is Python); stream times are never -0.0,
+            # the one float that equals another and encodes differently
+            key = (w.word, w.start, w.end)
+            fragment = known.get(key) or self._words.get(key) or _json(
+                {"word": w.word, "start": w.start, "end": w.end, "confidence": 1.0, "punctuated_word": w.word})
+            self._words[key] = fragment
+            fragments.append(fragment)
+        words_json = ",".join(fragments)
+        return (f'{head[:-1]},"channel":{{"alternatives":[{alternative[:-1]},"words":[{words_json}]}}]}},'
                 f'"metadata":{self._metadata}}}')
 
 
