@@ -11,65 +11,92 @@ catches up.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 FRAME_S = 0.02
 BAND_HZ = (250.0, 3500.0)
 FLOOR_S = 1.5
+ANALYSE_S = 0.5  # the most audio a stream keeps waiting for analysis
 _SILENT_DBFS = -200.0  # the level of digital silence (log of 0 kept finite)
 
 
 class Activity:
     """The active frames of one stream's audio (float32 mono at `rate`, pushed in order); frames
-    older than what `forget` was told are dropped."""
+    older than what `forget` was told are dropped.
+
+    A push comes with every audio message of a stream, so it only keeps the samples: they are
+    analysed when a frame is asked about (a session asks once an engine step), or once `ANALYSE_S`
+    seconds are waiting, all frames at once: one FFT, band power and level, then a short loop of
+    plain floats for the floor. The decisions do not depend on the pieces the audio came in. The
+    active frames are a bytearray (one byte a frame, 1: active)."""
 
     def __init__(self, rate: int, min_dbfs: float, rise_db: float) -> None:
         self.rate, self.min_dbfs, self.rise_db = rate, min_dbfs, rise_db
         self.frame = round(rate * FRAME_S)
         self._window = round(FLOOR_S / FRAME_S)
         self._rest = np.zeros(0, np.float32)  # samples short of a frame
+        self._waiting: list[np.ndarray] = []  # pushed, not analysed yet
+        self._waiting_size, self._analyse_size = 0, round(rate * ANALYSE_S)
         self._window_fn = np.hanning(self.frame)
         bins = np.fft.rfftfreq(self.frame, 1 / rate)
-        self._band = (bins >= BAND_HZ[0]) & (bins <= BAND_HZ[1])
+        band = np.flatnonzero((bins >= BAND_HZ[0]) & (bins <= BAND_HZ[1]))  # contiguous bins
+        self._band = slice(int(band[0]), int(band[-1]) + 1)
         # a Hann-windowed full-scale square wave's power in the band sums to about this much
         self._scale = 2 / (np.sum(self._window_fn ** 2) * self.frame)
-        self._levels = np.zeros(0)  # levels of the last `_window` frames
-        self._active = np.zeros(0, bool)  # frames `_first`.. of the stream
+        self._levels: list[float] = []  # levels of the last `_window` frames, oldest first
+        self._active = bytearray()  # frames `_first`.. of the stream
         self._first = 0
 
     @property
     def frames(self) -> int:
         """Frames seen so far."""
-        return self._first + self._active.size
+        self._analyse()
+        return self._first + len(self._active)
 
     def push(self, samples: np.ndarray) -> None:
-        x = np.concatenate([self._rest, samples.astype(np.float32, copy=False)])
+        self._waiting.append(samples.astype(np.float32))  # a copy: kept for later
+        self._waiting_size += samples.size
+        if self._waiting_size >= self._analyse_size:
+            self._analyse()
+
+    def _analyse(self) -> None:
+        """Decide the whole frames of the samples waiting."""
+        if not self._waiting:
+            return
+        x = np.concatenate([self._rest, *self._waiting])
+        self._waiting.clear()
+        self._waiting_size = 0
         n = x.size // self.frame
-        self._rest = x[n * self.frame:]
+        self._rest = x[n * self.frame:].copy()
         if n == 0:
             return
         spectrum = np.fft.rfft(x[: n * self.frame].reshape(n, self.frame) * self._window_fn, axis=1)
-        power = np.sum(np.abs(spectrum[:, self._band]) ** 2, axis=1) * self._scale
-        level = np.maximum(10 * np.log10(np.maximum(power, 1e-30)), _SILENT_DBFS)
+        power = np.abs(spectrum[:, self._band])
+        power **= 2
+        power = power.sum(axis=1) * self._scale
+        level = np.maximum(10 * np.log10(np.maximum(power, 1e-30)), _SILENT_DBFS).tolist()
         # the floor of each new frame: the quietest of the `_window` frames before it (none: itself)
-        before = np.concatenate([np.full(self._window - self._levels.size, np.inf), self._levels, level])
-        floor = sliding_window_view(before, self._window)[:n].min(axis=1)
-        floor = np.where(np.isinf(floor), level, floor)
-        active = (level >= self.min_dbfs) & (level >= floor + self.rise_db)
-        self._levels = before[-self._window:]
-        self._levels = self._levels[np.isfinite(self._levels)]
-        self._active = np.concatenate([self._active, active])
+        levels, active = self._levels, self._active
+        for value in level:
+            floor = min(levels) if levels else value
+            active.append(value >= self.min_dbfs and value >= floor + self.rise_db)
+            levels.append(value)
+            if len(levels) > self._window:
+                del levels[0]
 
     def active(self, start_s: float, end_s: float) -> bool:
         """Whether any frame overlapping [start_s, end_s) seconds of the stream is active."""
+        self._analyse()
         a = max(int(start_s / FRAME_S), self._first) - self._first
-        b = max(int(np.ceil(end_s / FRAME_S)), self._first) - self._first
-        return bool(self._active[a:b].any())
+        b = max(math.ceil(end_s / FRAME_S), self._first) - self._first
+        return self._active.find(1, a, b) >= 0
 
     def forget(self, before_s: float) -> None:
         """Frames that end before `before_s` will not be asked about again."""
+        self._analyse()
         drop = min(int(before_s / FRAME_S), self.frames) - self._first
         if drop > 0:
-            self._active = self._active[drop:]
+            del self._active[:drop]
             self._first += drop

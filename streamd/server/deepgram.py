@@ -213,6 +213,47 @@ def _parse(data: str) -> dict[str, Any]:
     return message
 
 
+# -- the messages --------------------------------------------------------------------------------
+
+def _json(body: Any) -> str:
+    """A server message's JSON text (compact, UTF-8 as is)."""
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+
+
+class ResultsJson:
+    """The ``Results`` messages of one stream as JSON text. Every partial repeats the words of the
+    utterance so far, so each word's JSON is encoded once and kept while the messages still carry
+    it (the words of the last message); the text is what encoding the whole message would give."""
+
+    def __init__(self, metadata: Mapping[str, Any]) -> None:
+        self._metadata = _json(metadata)  # the same in every message
+        self._words: dict[tuple[str, float, float], str] = {}  # a word's value: its JSON
+
+    def encode(self, result: Result, words: tuple[p.Word, ...]) -> str:
+        """`result` with `words` (a partial's from the session, a final's its own)."""
+        final = isinstance(result, p.Final)
+        reason = result.reason if isinstance(result, p.Final) else None
+        text = result.text
+        head = _json({"type": "Results", "channel_index": CHANNEL_INDEX,
+                      "duration": round(result.end - result.start, 3), "start": round(result.start, 3),
+                      "is_final": final, "speech_final": reason == "endpoint",
+                      "from_finalize": reason == "finalize"})
+        alternative = _json({"transcript": text, "confidence": 1.0 if text else 0.0})
+        known, self._words = self._words, {}
+        fragments = []
+        for w in words:
+            # a word's value, hashed in C (a Word's hash is Python); stream times are never -0.0,
+            # the one float that equals another and encodes differently
+            key = (w.word, w.start, w.end)
+            fragment = known.get(key) or self._words.get(key) or _json(
+                {"word": w.word, "start": w.start, "end": w.end, "confidence": 1.0, "punctuated_word": w.word})
+            self._words[key] = fragment
+            fragments.append(fragment)
+        words_json = ",".join(fragments)
+        return (f'{head[:-1]},"channel":{{"alternatives":[{alternative[:-1]},"words":[{words_json}]}}]}},'
+                f'"metadata":{self._metadata}}}')
+
+
 # -- the face ----------------------------------------------------------------------------------
 
 class ListenStream:
@@ -236,6 +277,7 @@ class ListenStream:
                                                 "model_uuid": self.model_uuid}
         if self.options.extra:
             self.result_metadata["extra"] = dict(self.options.extra)
+        self.results = ResultsJson(self.result_metadata)
 
     async def serve(self) -> str:
         conn = self.conn
@@ -326,17 +368,7 @@ class ListenStream:
             self.announced = max(self.announced, result.utterance)
         if not final and not self.options.interim_results:
             return
-        reason = result.reason if isinstance(result, p.Final) else None
-        text = result.text
-        await self._send_json({
-            "type": "Results", "channel_index": CHANNEL_INDEX,
-            "duration": round(result.end - result.start, 3), "start": round(result.start, 3),
-            "is_final": final, "speech_final": reason == "endpoint", "from_finalize": reason == "finalize",
-            "channel": {"alternatives": [{
-                "transcript": text, "confidence": 1.0 if text else 0.0,
-                "words": [{"word": w.word, "start": w.start, "end": w.end, "confidence": 1.0,
-                           "punctuated_word": w.word} for w in words]}]},
-            "metadata": self.result_metadata})
+        await self.conn.send_text(self.results.encode(result, words))
 
     def _metadata(self) -> dict[str, Any]:
         """The last message before the close: the stream's request, audio and model."""
@@ -354,7 +386,7 @@ class ListenStream:
         await self._error(ListenError(error.code, error.message))
 
     async def _send_json(self, body: dict[str, Any]) -> None:
-        await self.conn.send_text(json.dumps(body, ensure_ascii=False, separators=(",", ":")))
+        await self.conn.send_text(_json(body))
 
     async def _error(self, e: ListenError) -> None:
         body = {"type": "Error", "variant": e.variant, "description": e.description}

@@ -1,0 +1,126 @@
+"""The speech gate's analysis (streamd.audio.activity) decides each 20 ms frame exactly as a
+straightforward reference does (a loop over frames: FFT, band power, level, the floor of the 1.5 s
+before it), whatever the pieces the audio arrives in and whatever was forgotten in between."""
+from __future__ import annotations
+
+from functools import cache
+
+import numpy as np
+import pytest
+
+from streamd.audio.activity import ANALYSE_S, BAND_HZ, FLOOR_S, FRAME_S, Activity
+
+THRESHOLDS = [(-70.0, 9.0), (-45.0, 3.0), (-90.0, 20.0)]  # the default (min_dbfs, rise_db), then others
+
+
+def reference(x: np.ndarray, rate: int, min_dbfs: float, rise_db: float) -> list[bool]:
+    """Each whole frame of `x`: at least `min_dbfs` in the band, and `rise_db` above the quietest
+    of the `FLOOR_S` seconds of frames before it (the first frame: above itself)."""
+    frame, window = round(rate * FRAME_S), round(FLOOR_S / FRAME_S)
+    hann = np.hanning(frame)
+    bins = np.fft.rfftfreq(frame, 1 / rate)
+    band = (bins >= BAND_HZ[0]) & (bins <= BAND_HZ[1])
+    scale = 2 / (np.sum(hann ** 2) * frame)
+    levels: list[float] = []
+    active = []
+    for i in range(x.size // frame):
+        spectrum = np.fft.rfft(x[i * frame:(i + 1) * frame].astype(np.float32) * hann)
+        power = np.sum(np.abs(spectrum[band]) ** 2) * scale
+        level = max(10 * np.log10(max(power, 1e-30)), -200.0)
+        before = levels[max(0, i - window):i]
+        floor = min(before) if before else level
+        active.append(bool(level >= min_dbfs and level >= floor + rise_db))
+        levels.append(level)
+    return active
+
+
+def speech_like(rng: np.random.Generator, rate: int, seconds: float) -> np.ndarray:
+    """Voiced syllables (a wandering pitch with harmonics, 3-6 a second, quiet to loud) with
+    pauses, over faint noise."""
+    n = round(rate * seconds)
+    t = np.arange(n) / rate
+    pitch = 120 + 40 * np.sin(2 * np.pi * 0.7 * t + rng.uniform(0, 6))
+    phase = 2 * np.pi * np.cumsum(pitch) / rate
+    voice = sum(np.sin(k * phase) / k for k in range(1, 12))
+    envelope = np.zeros(n)
+    at = 0
+    while at < n:
+        length = round(rate * rng.uniform(0.08, 0.3))
+        envelope[at:at + length] = np.hanning(length)[: n - at] * 10 ** (rng.uniform(-60, -10) / 20)
+        at += length + round(rate * rng.choice([0.02, 0.06, 0.4]))
+    return voice * envelope + 10 ** (-75 / 20) * rng.normal(size=n)
+
+
+@cache
+def signals(rate: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(30)
+    n = 6 * rate
+    t = np.arange(n) / rate
+    tone = np.where(t > 2.5, 0.2 * np.sin(2 * np.pi * 700 * t), 0.0)
+    return {"speech-like": speech_like(rng, rate, 6), "quiet speech-like": 0.02 * speech_like(rng, rate, 6),
+            "speech-like in noise": speech_like(rng, rate, 6) + 0.01 * rng.normal(size=n),
+            "white noise": 0.05 * rng.normal(size=n), "digital silence": np.zeros(n),
+            "a tone that starts": tone, "noise bursts": rng.normal(size=n) * (np.sin(2 * np.pi * 1.3 * t) > 0.6)}
+
+
+@cache
+def expected_frames(rate: int, name: str, min_dbfs: float, rise_db: float) -> list[bool]:
+    return reference(signals(rate)[name].astype(np.float32), rate, min_dbfs, rise_db)
+
+
+def pieces(rng: np.random.Generator, size: int, how: str) -> list[int]:
+    """Where to cut `size` samples: every 40 ms, odd and random sizes, one sample, all at once."""
+    if how == "whole":
+        return []
+    if how == "random":
+        return sorted(rng.integers(1, size, 200).tolist())
+    step = {"40 ms": 640, "odd": 333, "one frame and a sample": 321, "tiny": 37}[how]
+    return list(range(step, size, step))
+
+
+def frames_of(a: Activity, first: int = 0) -> list[bool]:
+    """The decision of each frame from `first` on, asked for the middle of the frame alone."""
+    return [a.active((i + 0.25) * FRAME_S, (i + 0.75) * FRAME_S) for i in range(first, a.frames)]
+
+
+@pytest.mark.parametrize("rate", [16000, 8000])
+@pytest.mark.parametrize("how", ["40 ms", "odd", "one frame and a sample", "tiny", "random", "whole"])
+def test_frames_are_the_reference_s_in_any_pieces(rate: int, how: str) -> None:
+    rng = np.random.default_rng(1)
+    for name, x in signals(rate).items():
+        x = x.astype(np.float32)
+        for min_dbfs, rise_db in THRESHOLDS:
+            expected = expected_frames(rate, name, min_dbfs, rise_db)
+            a = Activity(rate, min_dbfs, rise_db)
+            for piece in np.split(x, pieces(rng, x.size, how)):
+                a.push(piece)
+            assert a.frames == len(expected) == x.size // round(rate * FRAME_S)
+            assert frames_of(a) == expected, (name, min_dbfs, rise_db)
+            if (min_dbfs, rise_db) == THRESHOLDS[0] and name == "speech-like":
+                assert 0.2 < np.mean(expected) < 0.8  # speech and pauses: both decisions tested
+            if (min_dbfs, rise_db) == THRESHOLDS[0] and name in ("digital silence", "white noise"):
+                assert not any(expected), name
+
+
+def test_forgetting_keeps_the_later_frames() -> None:
+    """As a session uses it: pushes of 40 ms, each followed by forgetting all but the last 0.3 s;
+    the frames still asked about are the reference's, and a window reaching past what was forgotten
+    sees only what is kept."""
+    x = speech_like(np.random.default_rng(2), 16000, 8).astype(np.float32)
+    expected = reference(x, 16000, -70.0, 9.0)
+    a = Activity(16000, -70.0, 9.0)
+    for at in range(0, x.size, 640):
+        a.push(x[at:at + 640])
+        a.forget((at + 640) / 16000 - 0.3)
+        first = max(0, int(((at + 640) / 16000 - 0.3) / FRAME_S))
+        assert frames_of(a, first) == expected[first:a.frames]
+        assert a.active(0.0, a.frames * FRAME_S) == any(expected[first:a.frames])
+
+
+def test_audio_waits_for_analysis_at_most_analyse_s() -> None:
+    """Pushes keep their samples until a frame is asked about, but never more than `ANALYSE_S`."""
+    a = Activity(16000, -70.0, 9.0)
+    for i in range(100):
+        a.push(np.zeros(640, np.float32))
+        assert a._waiting_size < 16000 * ANALYSE_S
+    assert a.frames == 200 and a._waiting_size == 0
