@@ -3,8 +3,8 @@
 Two threads of the daemon use CUDA: the engine thread (steps, and the captures of graphs for new
 batch sizes) and a migration's preparation (the target's copy, probe and graphs, on a worker
 thread). A capture runs in "thread_local" mode, so the other thread may launch and copy meanwhile;
-but a device-wide synchronize or `empty_cache` (which `torch.cuda.graph` itself does before it
-captures) while another thread captures invalidates that capture ("operation not permitted when
+but a device-wide synchronize or `empty_cache` (which `torch.cuda.graph` does before it captures:
+`capture` does not use it) while another thread captures invalidates that capture ("operation not permitted when
 stream is capturing"). `DEVICE_LOCK` is held around every capture and every such call of streamd.
 
 A capture that fails leaves capture state behind in torch 2.11: `CUDAGraph.capture_end` raises as
@@ -54,14 +54,25 @@ class GraphPool:
 
 def capture(graph: Any, fn: Callable[[], None], device: torch.device, pool: GraphPool, stream: Any) -> None:
     """Capture `fn` into `graph` on `stream` (of `device`) with memory from `pool`, holding
-    `DEVICE_LOCK`. Raises what the capture raised, after `unwind` left no capture state behind."""
+    `DEVICE_LOCK`. Raises what the capture raised, after `unwind` left no capture state behind.
+
+    `torch.cuda.graph` is not used: before it captures it synchronizes the whole device and empties
+    the device's and the pinned-host allocators' caches, so every capture beside serving (a lazy
+    one on the engine thread, or a migration's preparation) waited for the step in flight and
+    made the steps after it allocate their memory afresh. `stream` only waits for the caller's
+    stream, which is all the capture depends on."""
     with DEVICE_LOCK, torch.cuda.device(device):
         caller = torch.cuda.current_stream(device)
+        stream.wait_stream(caller)
         try:
-            with torch.cuda.graph(graph, pool=pool.handle, stream=stream, capture_error_mode="thread_local"):
-                fn()
+            with torch.cuda.stream(stream):
+                graph.capture_begin(pool=pool.handle, capture_error_mode="thread_local")
+                try:
+                    fn()
+                finally:
+                    graph.capture_end()
         except BaseException:
-            torch.cuda.set_stream(caller)  # torch.cuda.graph leaves `stream` current when capture_end raises
+            torch.cuda.set_stream(caller)
             unwind(graph, device, pool, stream)
             raise
         finally:

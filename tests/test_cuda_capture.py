@@ -80,18 +80,6 @@ class FakeTorch:
             yield
             fake.current = before
 
-        class GraphContext:  # torch.cuda.graph
-            def __init__(self, graph: Graph, pool: Any, stream: Any, capture_error_mode: str) -> None:
-                self.graph, self.pool, self.stream = graph, pool, stream
-
-            def __enter__(self) -> None:
-                self.before, fake.current = fake.current, self.stream
-                self.graph.capture_begin(self.pool)
-
-            def __exit__(self, *exc: object) -> None:
-                self.graph.capture_end()
-                fake.current = self.before  # not reached when capture_end raises
-
         def end_allocate(device: int, pool: Any) -> None:
             if fake.device_recording.pop(pool, None) is None:
                 raise RuntimeError("endAllocatePool: not currently recording to mempool_id")
@@ -108,7 +96,7 @@ class FakeTorch:
             device=lambda d: contextlib.nullcontext(), current_stream=lambda d=None: fake.current,
             set_stream=lambda s: setattr(fake, "current", s), stream=stream, Stream=lambda d=None: Stream(),
             is_current_stream_capturing=lambda: fake.current in fake.capturing, graph_pool_handle=handle,
-            current_device=lambda: 0, CUDAGraph=Graph, graph=GraphContext)
+            current_device=lambda: 0, CUDAGraph=Graph)
         self._C = SimpleNamespace(_cuda_endAllocateToPool=end_allocate, _cuda_releasePool=release)
 
     def zeros(self, *shape: int, device: Any = None) -> Any:
@@ -188,3 +176,21 @@ def test_unwinding_that_fails_still_raises_the_capture_error(fake: FakeTorch, mo
         cuda_capture.capture(fake.cuda.CUDAGraph(), fake.synchronize, DEV, cuda_capture.GraphPool(DEV), Stream())
     assert "could not settle the default CUDA generator" in caplog.text
     assert fake.current is fake.default and not fake.device_recording
+
+
+def test_a_capture_waits_for_its_caller_only(fake: FakeTorch, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No device-wide synchronize and no emptied allocator caches (what `torch.cuda.graph` does
+    first): serving beside a capture goes on with its memory; the capture stream waits for the
+    caller's stream."""
+    calls: list[str] = []
+    monkeypatch.setattr(fake, "synchronize", lambda *a: calls.append("synchronize"))
+    monkeypatch.setattr(fake.cuda, "empty_cache", lambda: calls.append("empty_cache"), raising=False)
+    monkeypatch.setattr(fake._C, "_host_emptyCache", lambda: calls.append("host empty"), raising=False)
+
+    class Side(Stream):
+        def wait_stream(self, other: Any) -> None:
+            calls.append("waited for the caller" if other is fake.current else "waited for another stream")
+
+    graph = fake.cuda.CUDAGraph()
+    cuda_capture.capture(graph, lambda: None, DEV, cuda_capture.GraphPool(DEV), Side())
+    assert graph.ended and calls == ["waited for the caller"]
