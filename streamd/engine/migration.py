@@ -18,7 +18,9 @@
    anything is allocated, and graph captures stop when free memory falls to that share (the
    steps that serve meanwhile allocate too: a move that filled the GPU made them fail). The
    batch sizes left are captured on their first step after the move, when the source's graphs
-   are gone.
+   are gone. Memory the caching allocator holds for no tensor counts as free: the first time the
+   GPU looks too full, the guard gives that cache back (one `empty_cache`, which waits for the step
+   in flight) and asks again, once a migration.
 2. At a step boundary (on the engine thread, in an `Engine.call`) `cut_over` swaps the model and
    its prepared steps in and copies every live stream's encoder caches and decoder state to the
    target. On any error everything is put back as it was (the source's graphs included).
@@ -106,26 +108,35 @@ def target_bytes(master: Transducer, dtype: torch.dtype, capacity: int, att_cont
 
 class MemoryGuard:
     """Keeps `min_free` of the target GPU's memory free for serving while a migration prepares
-    (does nothing on a CPU)."""
+    (does nothing on a CPU). The first time too little looks free, the allocator's cached blocks
+    are given back and the device asked again (`cuda_capture.capture` no longer empties the cache
+    before each capture, so blocks no tensor uses pile up there and would stop the captures early)."""
 
     def __init__(self, device: torch.device, min_free: float = MIN_FREE) -> None:
         self.device, self.min_free = device, min_free
+        self.emptied = False
+
+    def _free(self, need: int) -> tuple[bool, tuple[int, int] | None]:
+        """(whether `need` more bytes leave `min_free`, the device's (free, total) bytes)."""
+        info = free_memory(self.device)
+        if info is not None and info[0] - need < self.min_free * info[1] and not self.emptied:
+            self.emptied = True
+            _empty_cache(self.device)
+            info = free_memory(self.device)
+        return info is None or info[0] - need >= self.min_free * info[1], info
 
     def require(self, need: int, what: str) -> None:
         """Raise MigrationFailed, naming the numbers, if `need` more bytes would leave less free."""
-        info = free_memory(self.device)
-        if info is None:
-            return
-        free, total = info
-        if free - need < self.min_free * total:
+        enough, info = self._free(need)
+        if not enough and info is not None:
+            free, total = info
             raise MigrationFailed(
                 f"not enough memory on {self.device} for {what}: needs {need / 2**30:.1f} GiB, "
                 f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB free, {self.min_free:.0%} kept for serving")
 
     def room(self) -> bool:
         """Whether another graph may be captured now."""
-        info = free_memory(self.device)
-        return info is None or info[0] >= self.min_free * info[1]
+        return self._free(0)[0]
 
 
 def placed_copy(master: Transducer, device: torch.device, dtype: torch.dtype,

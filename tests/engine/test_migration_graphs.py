@@ -255,6 +255,40 @@ def test_graphs_stop_at_the_memory_kept_for_serving_and_the_rest_follow_the_move
     asyncio.run(main())
 
 
+def test_the_allocators_cache_is_given_back_once_before_graphs_stop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Free memory looks short after two captures until the allocator's cached blocks are given
+    back: the guard empties the cache once and every size is prepared. If it still looks short
+    after that, the guard does not empty it again: the rest are deferred."""
+    master = random_model(seed=2, att_context_sizes=CONTEXT)
+    emptied: list[torch.device] = []
+    monkeypatch.setattr(migration, "_empty_cache", emptied.append)
+
+    def short_until_emptied() -> Callable[[torch.device], tuple[int, int]]:
+        short, before = room_for_two_graphs(), len(emptied)
+        return lambda device: (10**12, 10**12) if len(emptied) > before else short(device)
+
+    async def moved(free_memory: Callable[[torch.device], tuple[int, int]]) -> tuple[migration.MigrationReport, int, int]:
+        """A move to bf16 with `free_memory` after a warm-up: its report, how often it emptied
+        the cache, and how many graph sizes the warm-up made."""
+        rec, engine = Made().started(master)
+        try:
+            await engine.call(lambda r: r.capture_graphs(SLOTS))
+            sizes = sum(map(len, rec.graph_sizes()))
+            monkeypatch.setattr(migration, "free_memory", free_memory)
+            before = len(emptied)
+            report = await engine.migrate(master, None, torch.bfloat16)
+            return report, len(emptied) - before, sizes
+        finally:
+            await engine.stop()
+
+    report, plain, sizes = asyncio.run(moved(lambda device: (10**12, 10**12)))  # the source's release
+    assert report.ok and report.graphs_deferred == 0 and sizes > 2, report
+    report, n, _ = asyncio.run(moved(short_until_emptied()))
+    assert report.ok and report.graphs_deferred == 0 and n == plain + 1, (report, n)
+    report, n, _ = asyncio.run(moved(room_for_two_graphs()))
+    assert report.ok and report.graphs_deferred == sizes - 2 and n == plain + 1, (report, n)  # once a move
+
+
 def test_only_the_batch_sizes_in_use_are_prepared() -> None:
     """The warm-up captured every size; only those called in the last IN_USE_S seconds are
     captured for the target before the cut-over (the others wait for their first call)."""
