@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, in one call on the device machine (results under $OUT or ./gpu-out):
 # the `cuda`-marked tests, the decoder benchmark, the live-migration benchmark and the load test.
-# Carries: .whl (websockets, soxr wheels for the image's Python; see README "GPU runs").
+# Carries: .whl, the wheels the device image lacks, for its Python 3.12 (cffi: soundfile needs it):
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_17_x86_64 \
+#     --platform manylinux_2_28_x86_64 --platform any -d .whl websockets soxr soundfile cffi pycparser
 #   bash scripts/gpu_suite.sh [tests|bench|all|capacity|scale|migration]
 # `capacity` (about 6.5 minutes, 4 files): the encoder-step `cuda` tests, then
 # scripts/bench_capacity.py (engine-only vs daemon end-to-end capacity of a random FastConformer-L,
