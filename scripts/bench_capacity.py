@@ -277,34 +277,20 @@ async def _live_capacity(model_path: Path, item: Item, guess: int, args: argpars
                                            send_s=args.send_ms / 1000, audio=audio, limit_s=chunk_s + args.slack_s,
                                            max_late_s=args.max_send_late_s)
 
-    levels: list[dict[str, Any]] = []
-    best, worst = 0, None
+    search = LevelSearch(fixed, top)
     try:
         print(f"  live engine: warm-up level of {first} streams for {args.warmup_s:g} s (not counted); "
               f"streams of {stream_s:g} s, levels of {args.live_s:g} s", flush=True)
         warmup = await level(first, args.warmup_s)
         print(f"  {live_engine.HEADER}", flush=True)
-        n = first
+        n: int | None = first
         level_cost = args.live_s + chunk_s + args.slack_s + 2
-        while time.monotonic() + level_cost < deadline and len(levels) < (len(fixed) or args.daemon_levels):
+        while n is not None and time.monotonic() + level_cost < deadline and len(search.levels) < (len(fixed) or args.daemon_levels):
             row = await level(n, args.live_s)
-            levels.append(row)
             print(f"  {live_engine.format_row(row)}", flush=True)
-            if row["passed"]:
-                best = max(best, n)
-            else:
-                worst = n if worst is None else min(worst, n)
-            if fixed:  # the asked levels, in order, however each went
-                if len(levels) == len(fixed):
-                    break
-                n = fixed[len(levels)]
-                continue
-            nxt = next_level(n, row["passed"], best, worst, top, levels)
-            if nxt is None:
-                break
-            n = nxt
-        return {"capacity": best, "first_failing": worst, "chunk_s": chunk_s, "stream_s": stream_s,
-                "max_latency_s": round(chunk_s + args.slack_s, 3), "levels": levels, "warmup_level": warmup,
+            n = search.record(n, row)
+        return {"capacity": search.best, "first_failing": search.worst, "chunk_s": chunk_s, "stream_s": stream_s,
+                "max_latency_s": round(chunk_s + args.slack_s, 3), "levels": search.levels, "warmup_level": warmup,
                 "slots": engine.recognizer.capacity, "bounded_by_time": time.monotonic() + level_cost >= deadline,
                 "wall_s": round(time.monotonic() - t_begin, 1)}
     finally:
@@ -446,6 +432,31 @@ def next_level(n: int, passed: bool, best: int, worst: int | None, top: int, lev
     return nxt
 
 
+@dataclass
+class LevelSearch:
+    """The levels of one item's search: the asked ones (`fixed`) in order however each went, else
+    from the first up to `top` and bisecting (`next_level`); `best` passed, `worst` failed."""
+
+    fixed: list[int]
+    top: int
+    best: int = 0
+    worst: int | None = None
+
+    def __post_init__(self) -> None:
+        self.levels: list[dict[str, Any]] = []
+
+    def record(self, n: int, row: dict[str, Any]) -> int | None:
+        """Keep level `n`'s row; the next level to run, or None when the search is done."""
+        self.levels.append(row)
+        if row["passed"]:
+            self.best = max(self.best, n)
+        else:
+            self.worst = n if self.worst is None else min(self.worst, n)
+        if self.fixed:
+            return self.fixed[len(self.levels)] if len(self.levels) < len(self.fixed) else None
+        return next_level(n, row["passed"], self.best, self.worst, self.top, self.levels)
+
+
 def fixed_levels(spec: str, item: Item) -> list[int]:
     """The levels `--daemon-at` / `--live-at` asks for at this item's chunk (and dtype)."""
     at = daemon_levels_at(spec)
@@ -485,8 +496,7 @@ def daemon_capacity(model_path: Path, item: Item, guess: int, args: argparse.Nam
     audios = [load.tone_bursts(seed=s) for s in range(4)]
     ns = argparse.Namespace(**vars(args))
     pool = ProcessPoolExecutor(args.client_procs, mp_context=get_context("spawn"))
-    levels: list[dict[str, Any]] = []
-    best, worst = 0, None
+    search = LevelSearch(fixed, top)
     try:
         url = daemon.wait_serving(timeout=max(30.0, deadline - time.monotonic()))
         probe = asyncio.run(load.run_stream(url, 0, audios[0], load.looped(audios[0], 2.0), 2.0,
@@ -499,30 +509,17 @@ def daemon_capacity(model_path: Path, item: Item, guess: int, args: argparse.Nam
         print(f"  daemon {url}: warm-up level of {first} streams for {args.warmup_s:g} s (not counted)", flush=True)
         warmup = run_level(url, first, audios, warm, pool, daemon.proc.pid)
         print(f"  {load.HEADER}", flush=True)
-        n = first
+        n: int | None = first
         level_cost = (args.live_s if args.daemon_churn else args.seconds + args.ramp_s) + 8
-        while time.monotonic() + level_cost < deadline and len(levels) < (len(fixed) or args.daemon_levels):
-            spy = py_spy(daemon.proc.pid, args, f"{item.chunk_ms}ms-{n}") if not levels else None
+        while n is not None and time.monotonic() + level_cost < deadline and len(search.levels) < (len(fixed) or args.daemon_levels):
+            spy = py_spy(daemon.proc.pid, args, f"{item.chunk_ms}ms-{n}") if not search.levels else None
             level = run_level(url, n, audios, ns, pool, daemon.proc.pid)
             if spy is not None:
                 spy.wait()
-            levels.append(level)
             print_level(level)
-            if level["passed"]:
-                best = max(best, n)
-            else:
-                worst = n if worst is None else min(worst, n)
-            if fixed:  # the asked levels, in order, however each went
-                if len(levels) == len(fixed):
-                    break
-                n = fixed[len(levels)]
-                continue
-            nxt = next_level(n, level["passed"], best, worst, top, levels)
-            if nxt is None:
-                break
-            n = nxt
-        return {"capacity": best, "first_failing": worst, "max_latency_s": ns.max_latency_s, "levels": levels,
-                "warmup_level": warmup, "bounded_by_time": time.monotonic() + level_cost >= deadline,
+            n = search.record(n, level)
+        return {"capacity": search.best, "first_failing": search.worst, "max_latency_s": ns.max_latency_s,
+                "levels": search.levels, "warmup_level": warmup, "bounded_by_time": time.monotonic() + level_cost >= deadline,
                 "wall_s": round(time.monotonic() - t_begin, 1)}
     finally:
         pool.shutdown()

@@ -61,3 +61,18 @@ def test_daemon_churn_opens_new_connections() -> None:
     assert min(per_slot) >= 2  # each slot's first stream (at most 0.5 s), then more until 2 s
     assert all(s["error"] is None and s["drain"] is not None for s in stats)
     assert cpu_s > 0
+
+
+def test_level_search_runs_the_asked_levels_or_bisects() -> None:
+    """Asked levels run in order whatever each gave; else up to the top, then halfway between
+    the best passing and the worst failing level, until no new level is 5 % away."""
+    asked = bench_capacity.LevelSearch([64, 32, 128], top=128)
+    assert [asked.record(n, {"streams": n, "passed": ok}) for n, ok in ((64, False), (32, True), (128, True))] \
+        == [32, 128, None]
+    assert (asked.best, asked.worst) == (128, 64)  # as measured, even where they disagree
+    search, n, ran = bench_capacity.LevelSearch([], top=1024), 256, []
+    while n is not None:  # the engine keeps up with up to 600 streams
+        ran.append(n)
+        n = search.record(n, {"streams": n, "passed": n <= 600})
+    assert ran == [256, 1024, 640, 448, 544, 592] and (search.best, search.worst) == (592, 640)
+    assert all(lv["passed"] == (lv["streams"] <= 600) for lv in search.levels)
