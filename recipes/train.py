@@ -14,7 +14,9 @@ order by (seed, epoch), so a resumed run continues the same run.
 OUT holds: last.pt (full training state; moments compressed per --moments, split per --chunk-mb),
 default-model.pt (the best model by dev WER, streamd format, fp32), summary.json (progress,
 dev-WER history, sha256 of the saved files), train.log. Dev WER: offline greedy decoding on
-the first --dev-utts of the dev manifest (training voices), mean over --dev-contexts.
+the first --dev-utts of the dev manifest (training voices), mean over --dev-contexts. With
+--ema D an exponential moving average of the weights (decay D a step) is kept beside them and
+evaluated too; whichever has the lower dev WER is the one exported.
 """
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ import os
 import random
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,6 +92,41 @@ class Progress:
     history: list[dict[str, Any]] = field(default_factory=list)
 
 
+class WeightAverage:
+    """An exponential moving average of a model's floating-point weights and buffers (fp32, on
+    the model's device), updated after every optimizer step; `swapped_in` puts it in the model
+    (to evaluate or export it) and the trained weights back after."""
+
+    def __init__(self, model: Transducer, decay: float, saved: dict[str, Tensor] | None = None) -> None:
+        self.decay = decay
+        floats = {k: t for k, t in model.state_dict().items() if t.is_floating_point()}  # views of the model's
+        self.names, self.live = list(floats), list(floats.values())
+        self.avg = [saved[k].to(t.device, torch.float32) if saved is not None else t.float().clone()
+                    for k, t in floats.items()]
+
+    @torch.no_grad()
+    def update(self) -> None:
+        torch._foreach_lerp_(self.avg, [t.float() for t in self.live], 1.0 - self.decay)
+
+    @contextmanager
+    def swapped_in(self) -> Iterator[None]:
+        kept = [t.clone() for t in self.live]
+        with torch.no_grad():
+            for t, a in zip(self.live, self.avg):
+                t.copy_(a)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for t, k in zip(self.live, kept):
+                    t.copy_(k)
+
+    def state(self) -> dict[str, Tensor]:
+        """The average for last.pt, in fp16 (a resumed average starts from it rounded: the
+        rounding fades at the decay's rate)."""
+        return {k: a.half().cpu() for k, a in zip(self.names, self.avg)}
+
+
 class Log:
     """Lines to stdout and appended to a file."""
 
@@ -128,6 +167,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--clip", type=float, default=1.0)
     a("--ctc-weight", type=float, default=0.5)
     a("--dropout", type=float, default=0.1)
+    a("--ema", type=float, default=0.0, help="keep and evaluate a moving average of the weights with this "
+                                             "decay a step (e.g. 0.999; 0: none)")
     a("--dither", type=float, default=1e-5, help="white noise added to the waveform, as NeMo trains")
     a("--nonspeech", type=float, default=0.05,
       help="share of utterances replaced by non-speech (silence, noise, hum, tones) with an empty transcript")
@@ -243,7 +284,8 @@ def compute_losses(model: Transducer, batch: Batch, context: tuple[int, int], ge
 
 # -- state ------------------------------------------------------------------------------------
 def training_state(model: Transducer, opt: torch.optim.Optimizer, tokenizer: Tokenizer,
-                   progress: Progress, args: dict[str, Any], moments: str) -> dict[str, Any]:
+                   progress: Progress, args: dict[str, Any], moments: str,
+                   average: WeightAverage | None = None) -> dict[str, Any]:
     rng: dict[str, Any] = {"cpu": torch.get_rng_state()}
     if model.device.type == "cuda":
         rng["cuda"] = torch.cuda.get_rng_state(model.device)
@@ -251,7 +293,8 @@ def training_state(model: Transducer, opt: torch.optim.Optimizer, tokenizer: Tok
             "model": {k: v.detach().float().cpu() if v.is_floating_point() else v.cpu()
                       for k, v in model.state_dict().items()},
             "tokenizer": tokenizer.model_proto, "optimizer": pack_optimizer(opt.state_dict(), moments),
-            "progress": asdict(progress), "rng": rng, "args": args}
+            "progress": asdict(progress), "rng": rng, "args": args,
+            **({"average": average.state()} if average is not None else {})}
 
 
 def restore(blob: dict[str, Any], model: Transducer, opt: torch.optim.Optimizer) -> Progress:
@@ -356,6 +399,7 @@ def main(argv: list[str] | None = None) -> Progress:
     opt = make_optimizer(model, args.lr, args.weight_decay)
     progress = restore(blob, model, opt) if blob is not None else Progress()
     progress.calls += 1
+    average = WeightAverage(model, args.ema, blob.get("average") if blob is not None else None) if args.ema else None
     del blob
     model.train()
     add_dropout(model, args.dropout)
@@ -383,27 +427,45 @@ def main(argv: list[str] | None = None) -> Progress:
     saved_args = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     files: dict[str, str] = {}  # sha256 of the whole files this run wrote
 
+    def evaluated() -> dict[str, float]:
+        return dev_wer(model, tokenizer, dev_refs, dev_audios, rights, args.dev_batch) if dev_utts else {"wer": math.inf}
+
     def checkpoint(reason: str) -> float:
         t0 = time.monotonic()
-        res = dev_wer(model, tokenizer, dev_refs, dev_audios, rights, args.dev_batch) if dev_utts else {"wer": math.inf}
+        res = evaluated()
+        avg: dict[str, float] = {}
+        if average is not None:
+            with average.swapped_in():
+                avg = evaluated()
         record = {"step": progress.step, "epoch": progress.epoch, **{k: round(v, 3) for k, v in res.items()},
+                  **{f"avg_{k}": round(v, 3) for k, v in avg.items()},
                   "train_hours": round(progress.train_seconds / 3600, 4),
                   "audio_hours_seen": round(progress.audio_seconds / 3600, 2), "reason": reason}
         progress.history.append(record)
-        improved = res["wer"] < progress.best_wer
+        use_avg = average is not None and avg["wer"] < res["wer"]
+        wer_now = avg["wer"] if use_avg else res["wer"]
+        improved = wer_now < progress.best_wer
         if improved:
-            progress.best_wer, progress.best_step = res["wer"], progress.step
-            files["default-model.pt"] = export_model(out / "default-model.pt", model, tokenizer,
-                                                     f"{args.name}-step{progress.step}", chunk)
-        state = training_state(model, opt, tokenizer, progress, saved_args, args.moments)
+            progress.best_wer, progress.best_step = wer_now, progress.step
+            name = f"{args.name}-step{progress.step}" + ("-avg" if use_avg else "")
+            if use_avg:
+                assert average is not None
+                with average.swapped_in():
+                    files["default-model.pt"] = export_model(out / "default-model.pt", model, tokenizer, name, chunk)
+            else:
+                files["default-model.pt"] = export_model(out / "default-model.pt", model, tokenizer, name, chunk)
+        state = training_state(model, opt, tokenizer, progress, saved_args, args.moments, average)
         files["last.pt"] = save_object(state, out / "last.pt", chunk)
         write_json(out / "summary.json", {"files": files, "params": n, "dims": dims.to_dict(),
                                           "progress": asdict(progress)})
         took = time.monotonic() - t0
         log(f"eval step {progress.step}: dev WER {res['wer']:.2f} ("
-            + ", ".join(f"{k} {v:.2f}" for k, v in res.items() if k != "wer")
-            + f"); best {progress.best_wer:.2f} at step {progress.best_step}"
-            + (" -> exported default-model.pt" if improved else "") + f"; saved last.pt ({took:.1f} s)")
+            + ", ".join(f"{k} {v:.2f}" for k, v in res.items() if k != "wer") + ")"
+            + (f"; averaged weights {avg['wer']:.2f} (" + ", ".join(f"{k} {v:.2f}" for k, v in avg.items() if k != "wer")
+               + ")" if avg else "")
+            + f"; best {progress.best_wer:.2f} at step {progress.best_step}"
+            + (f" -> exported default-model.pt{' (averaged)' if use_avg else ''}" if improved else "")
+            + f"; saved last.pt ({took:.1f} s)")
         return took
 
     reserve = 45.0  # seconds kept for the final eval + save, re-measured at every checkpoint
@@ -439,6 +501,8 @@ def main(argv: list[str] | None = None) -> Progress:
             for group in opt.param_groups:
                 group["lr"] = lr
             opt.step()
+            if average is not None:
+                average.update()
             for k, v in zip(("loss", "rnnt", "ctc", "gnorm"), vals):
                 win[k] += v
             win["steps"] += 1

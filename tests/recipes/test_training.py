@@ -331,6 +331,42 @@ def test_two_runs_with_resume_equal_one_run_and_export_loads(corpus: Path, tmp_p
     assert state.load_streamd_any(two / "default-model.pt").model.dims == loaded.model.dims
 
 
+def test_weight_average_updates_swaps_in_and_out_and_survives_last_pt() -> None:
+    torch.manual_seed(3)
+    model = Transducer(build_dims("tiny", 64))
+    average = train.WeightAverage(model, decay=0.75)
+    before = {k: t.clone() for k, t in model.state_dict().items()}
+    with torch.no_grad():
+        for t in model.parameters():
+            t.add_(1.0)
+    average.update()
+    trained = {k: t.clone() for k, t in model.state_dict().items()}
+    with average.swapped_in():
+        for k, t in model.state_dict().items():
+            want = 0.75 * before[k] + 0.25 * trained[k] if t.is_floating_point() else trained[k]
+            torch.testing.assert_close(t, want, rtol=0, atol=1e-6)
+    for k, t in model.state_dict().items():  # the trained weights are back, exactly
+        assert torch.equal(t, trained[k]), k
+    again = train.WeightAverage(model, 0.75, average.state())  # as a resumed run restores it (fp16)
+    for a, b in zip(again.avg, average.avg):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
+
+
+def test_a_run_with_a_weight_average_exports_the_better_of_the_two(corpus: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    progress = train.main(tiny_args(corpus, out, "--max-steps", "4", "--ema", "0.5", "--moments", "fp32"))
+    [end] = progress.history
+    assert {"wer", "avg_wer", "avg_R13", "avg_R0"} <= end.keys()
+    assert progress.best_wer == min(end["wer"], end["avg_wer"])
+    name = load_model(out / "default-model.pt").name
+    assert name.endswith("-avg") == (end["avg_wer"] < end["wer"]), (name, end)
+    saved = state.load_object(out / "last.pt")
+    assert saved["average"].keys() <= saved["model"].keys() and len(saved["average"]) > 0
+    resumed = train.main(tiny_args(corpus, tmp_path / "out2", "--max-steps", "5", "--ema", "0.5",
+                                   "--resume", str(out / "last.pt")))
+    assert resumed.step == 5 and "avg_wer" in resumed.history[-1]
+
+
 def test_init_from_a_model_starts_a_fresh_run_from_its_weights(corpus: Path, tmp_path: Path) -> None:
     first = tmp_path / "first"
     train.main(tiny_args(corpus, first, "--max-steps", "2"))
