@@ -28,7 +28,7 @@ import random
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -448,11 +448,7 @@ def main(argv: list[str] | None = None) -> Progress:
         if improved:
             progress.best_wer, progress.best_step = wer_now, progress.step
             name = f"{args.name}-step{progress.step}" + ("-avg" if use_avg else "")
-            if use_avg:
-                assert average is not None
-                with average.swapped_in():
-                    files["default-model.pt"] = export_model(out / "default-model.pt", model, tokenizer, name, chunk)
-            else:
+            with average.swapped_in() if use_avg and average is not None else nullcontext():
                 files["default-model.pt"] = export_model(out / "default-model.pt", model, tokenizer, name, chunk)
         state = training_state(model, opt, tokenizer, progress, saved_args, args.moments, average)
         files["last.pt"] = save_object(state, out / "last.pt", chunk)
