@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from streamd.config import (
     SETTINGS,
@@ -260,3 +261,21 @@ def test_does_not_import_torch_or_websockets() -> None:
             "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'websockets')]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_parse_device_takes_the_configurations_names_and_checks_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamd.engine.placement import parse_device
+
+    assert parse_device(" CPU ") == torch.device("cpu")
+    for bad in ("gpu", "cpu:1", "mps", "cuda:x"):
+        with pytest.raises(ValueError, match=f"unknown device '{bad}'; use auto, cpu or cuda:N"):
+            parse_device(bad)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert parse_device("auto") == torch.device("cpu")
+    with pytest.raises(ValueError, match="CUDA is not available on this machine"):
+        parse_device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert parse_device("auto") == torch.device("cuda", 0) and parse_device("CUDA:1") == torch.device("cuda", 1)
+    with pytest.raises(ValueError, match=r"only 2 CUDA device\(s\)"):
+        parse_device("cuda:2")

@@ -1,10 +1,11 @@
 """Where the model lives: device/dtype parsing and the one place that moves the model. The
-dtype names and their aliases are the configuration's (`config.normalize_dtype`)."""
+device and dtype names and their aliases are the configuration's (`config.normalize_device`,
+`config.normalize_dtype`)."""
 from __future__ import annotations
 
 import torch
 
-from streamd.config import TORCH_DTYPE_NAMES, normalize_dtype
+from streamd.config import TORCH_DTYPE_NAMES, normalize_device, normalize_dtype
 from streamd.model.transducer import Transducer
 
 DTYPE_NAMES = {getattr(torch, torch_name): name for name, torch_name in TORCH_DTYPE_NAMES.items()}
@@ -19,25 +20,19 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
 
 
 def parse_device(name: str) -> torch.device:
-    """'auto' (cuda:0 if available, else cpu), 'cpu', 'cuda', 'cuda:N'. Checks the device exists."""
-    if name == "auto":
+    """A device name as the configuration takes it (`config.normalize_device`: auto, cpu, cuda,
+    cuda:N; 'auto' is cuda:0 if available, else cpu) as a torch.device. Checks the device exists."""
+    device = normalize_device(name)
+    if device == "auto":
         return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(name)
-    except RuntimeError:  # torch's "Invalid device string"
-        raise ValueError(f"unknown device {name!r}; use cpu, cuda or cuda:N") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {name!r}: CUDA is not available on this machine")
-        index = dev.index if dev.index is not None else 0
-        if index >= torch.cuda.device_count():
-            raise ValueError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s)")
-        return torch.device("cuda", index)
-    if dev.type != "cpu":
-        raise ValueError(f"device {name!r}: only cpu and cuda are supported")
-    if dev.index not in (None, 0):
-        raise ValueError(f"device {name!r}: there is one cpu device; use 'cpu'")
-    return torch.device("cpu")
+    if device == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ValueError(f"device {name!r}: CUDA is not available on this machine")
+    index = int(device.removeprefix("cuda:"))
+    if index >= torch.cuda.device_count():
+        raise ValueError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s)")
+    return torch.device("cuda", index)
 
 
 def move_model(model: Transducer, device: torch.device, dtype: torch.dtype) -> None:

@@ -79,7 +79,7 @@ def test_bad_requests_get_400_and_stalled_ones_408(tmp_path: Path, monkeypatch: 
 
             # an index on the cpu is not silently ignored; a move to where the model is does nothing
             status, reply = await asyncio.to_thread(raw, sock, post(b'{"device": "cpu:1"}'))
-            assert status == 409 and "one cpu device" in reply["migration"]["error"]
+            assert status == 409 and "unknown device 'cpu:1'; use auto, cpu or cuda:N" in reply["migration"]["error"]
             status, reply = await asyncio.to_thread(raw, sock, post(b'{"device": "cpu", "dtype": "fp32"}'))
             assert status == 200 and reply["ok"] and reply["migration"]["moved"] is False
             assert reply["migration"]["pause_ms"] == 0.0
