@@ -255,9 +255,8 @@ async def _live_capacity(model_path: Path, item: Item, guess: int, args: argpars
 
     t_begin = time.monotonic()
     deadline = t_begin + seconds
-    fixed = fixed_levels(args.live_at, item)
-    first = fixed[0] if fixed else max(16, int(args.daemon_first * guess) // 16 * 16)
-    top = max(first, guess, *fixed)
+    search = LevelSearch.around(fixed_levels(args.live_at, item), guess, args.daemon_first)
+    fixed, first, top = search.fixed, search.first, search.top
     # slots for the streams that end while the ones replacing them open, as the daemon's top + 64
     cfg = live_engine.serve_config(model_path, args.device, item.dtype, top + top // 8 + 64,
                                    ["--right-context", str(CHUNK_RC[item.chunk_ms]), "--cuda-graphs", item.graphs,
@@ -277,7 +276,6 @@ async def _live_capacity(model_path: Path, item: Item, guess: int, args: argpars
                                            send_s=args.send_ms / 1000, audio=audio, limit_s=chunk_s + args.slack_s,
                                            max_late_s=args.max_send_late_s)
 
-    search = LevelSearch(fixed, top)
     try:
         print(f"  live engine: warm-up level of {first} streams for {args.warmup_s:g} s (not counted); "
               f"streams of {stream_s:g} s, levels of {args.live_s:g} s", flush=True)
@@ -438,12 +436,19 @@ class LevelSearch:
     from the first up to `top` and bisecting (`next_level`); `best` passed, `worst` failed."""
 
     fixed: list[int]
+    first: int
     top: int
     best: int = 0
     worst: int | None = None
 
     def __post_init__(self) -> None:
         self.levels: list[dict[str, Any]] = []
+
+    @classmethod
+    def around(cls, fixed: list[int], guess: int, share: float) -> LevelSearch:
+        """The asked levels, or a search from `share` of the engine's capacity `guess` up to it."""
+        first = fixed[0] if fixed else max(16, int(share * guess) // 16 * 16)
+        return cls(fixed, first, max(first, guess, *fixed))
 
     def record(self, n: int, row: dict[str, Any]) -> int | None:
         """Keep level `n`'s row; the next level to run, or None when the search is done."""
@@ -486,9 +491,8 @@ def daemon_capacity(model_path: Path, item: Item, guess: int, args: argparse.Nam
     """Levels of real-time streams through a real daemon, around the engine's capacity `guess`."""
     t_begin = time.monotonic()
     deadline = t_begin + seconds
-    fixed = fixed_levels(args.daemon_at, item)
-    first = fixed[0] if fixed else max(16, int(args.daemon_first * guess) // 16 * 16)
-    top = max(first, guess, *fixed)
+    search = LevelSearch.around(fixed_levels(args.daemon_at, item), guess, args.daemon_first)
+    fixed, first, top = search.fixed, search.first, search.top
     daemon = load.Daemon(str(model_path), args.device, item.dtype, top + 64,
                          ["--right-context", str(CHUNK_RC[item.chunk_ms]), "--cuda-graphs", item.graphs,
                           "--workers", str(args.workers), *args.daemon_args.split()],
@@ -496,7 +500,6 @@ def daemon_capacity(model_path: Path, item: Item, guess: int, args: argparse.Nam
     audios = [load.tone_bursts(seed=s) for s in range(4)]
     ns = argparse.Namespace(**vars(args))
     pool = ProcessPoolExecutor(args.client_procs, mp_context=get_context("spawn"))
-    search = LevelSearch(fixed, top)
     try:
         url = daemon.wait_serving(timeout=max(30.0, deadline - time.monotonic()))
         probe = asyncio.run(load.run_stream(url, 0, audios[0], load.looped(audios[0], 2.0), 2.0,

@@ -66,11 +66,13 @@ def test_daemon_churn_opens_new_connections() -> None:
 def test_level_search_runs_the_asked_levels_or_bisects() -> None:
     """Asked levels run in order whatever each gave; else up to the top, then halfway between
     the best passing and the worst failing level, until no new level is 5 % away."""
-    asked = bench_capacity.LevelSearch([64, 32, 128], top=128)
+    asked = bench_capacity.LevelSearch.around([64, 32, 128], guess=100, share=0.5)
+    assert (asked.first, asked.top) == (64, 128)
     assert [asked.record(n, {"streams": n, "passed": ok}) for n, ok in ((64, False), (32, True), (128, True))] \
         == [32, 128, None]
     assert (asked.best, asked.worst) == (128, 64)  # as measured, even where they disagree
-    search, n, ran = bench_capacity.LevelSearch([], top=1024), 256, []
+    search, ran = bench_capacity.LevelSearch.around([], guess=1024, share=0.25), []
+    n: int | None = search.first
     while n is not None:  # the engine keeps up with up to 600 streams
         ran.append(n)
         n = search.record(n, {"streams": n, "passed": n <= 600})
