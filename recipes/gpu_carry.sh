@@ -3,7 +3,9 @@
 #
 #   bash recipes/gpu_carry.sh prepare           once: pack the text (4.4 MB -> 1.4 MB) and the engines for
 #                                              train calls (.carry/tts/root-lean.tar.xz), make .carry/ckpt
-#   bash recipes/gpu_carry.sh kokoro [MAX_MIB]  pack the Kokoro speech made so far (default 15 MiB)
+#   bash recipes/gpu_carry.sh kokoro [MAX_MIB [NAME]]  pack the Kokoro speech made so far (default 15 MiB)
+#                                              as .carry/NAME.tar.xz (default kokoro; kokoro2, kokoro3..:
+#                                              what the packs already made do not carry, for a warm machine)
 #   bash recipes/gpu_carry.sh kokoro-eval       pack the reserved Kokoro voices' speech (eval calls)
 #   bash recipes/gpu_carry.sh classic N [MAX_MIB] N utterances of the classic engines made here, packed
 #                                              (.carry/classic.tar.xz: when the engines cannot travel)
@@ -42,8 +44,15 @@ kokoro)
     if ls -d .carry/kokoro/train-* >/dev/null 2>&1; then
         ${PYTHON:-python3} -m recipes.synthetic.carried join --out .carry/kokoro/train .carry/kokoro/train-*
     fi
+    NAME=${3:-kokoro}
+    EARLIER=()
+    for f in .carry/kokoro.tar.xz .carry/kokoro[0-9]*.tar.xz; do
+        [ -f "$f" ] && [ "$f" != ".carry/$NAME.tar.xz" ] && EARLIER+=("$f")
+    done
+    [ "$NAME" = kokoro ] && EARLIER=()
     ${PYTHON:-python3} -m recipes.synthetic.carried pack .carry/kokoro/dev .carry/kokoro/train \
-        --out .carry/kokoro.tar.xz --max-mib "${2:-15}" --held-apart .carry/text/dev.txt .carry/text/eval.txt
+        --out ".carry/$NAME.tar.xz" --max-mib "${2:-15}" --held-apart .carry/text/dev.txt .carry/text/eval.txt \
+        --not-in "${EARLIER[@]}"
     ;;
 kokoro-eval)
     ${PYTHON:-python3} -m recipes.synthetic.carried pack .carry/kokoro/eval --out .carry/kokoro-eval.tar.xz --max-mib 8

@@ -12,7 +12,8 @@
 # dev split then picks the checkpoints) with .carry/sndlib.tar.xz (libsndfile, to decode it
 # without the engines), and for train .carry/ckpt/{summary.json,last.pt.000,...} (absent on the
 # first call), optionally
-# .carry/kokoro.tar.xz (Kokoro speech made on the CPU machine: recipes/synthetic/carried.py) and
+# .carry/kokoro.tar.xz (Kokoro speech made on the CPU machine: recipes/synthetic/carried.py; a warm
+# call adds .carry/kokoro2.tar.xz.. beside what the earlier calls unpacked) and
 # .carry/pico.tar.xz (SVOX Pico, synthesised here: recipes/synthetic/pico.py),
 # .carry/classic.tar.xz (the classic engines' speech made on the CPU machine), for eval
 # optionally .carry/kokoro-eval.tar.xz (the reserved Kokoro voices, made on the CPU machine), and
@@ -145,12 +146,15 @@ if [ "$MODE" = train ]; then
             log "WARNING: training WITHOUT Pico (synthesis failed, see above)"
         fi
     fi
-    if unpack kokoro; then
-        [ -s "$WORK/kokoro/train/manifest.jsonl" ] && TRAIN_SETS+=("$WORK/kokoro/train/manifest.jsonl*$KOKORO_REPEAT")
-        [ -s "$WORK/kokoro/dev/manifest.jsonl" ] && DEV_SETS+=("$WORK/kokoro/dev/manifest.jsonl")
-    else
-        log "training without Kokoro speech (none carried or unpacked)"
-    fi
+    # kokoro2, kokoro3..: later packs for a warm machine that keeps the first (gpu_carry.sh kokoro MIB NAME)
+    KOKORO_SETS=0
+    for k in kokoro kokoro2 kokoro3 kokoro4; do
+        unpack $k || continue
+        KOKORO_SETS=$((KOKORO_SETS + 1))
+        [ -s "$WORK/$k/train/manifest.jsonl" ] && TRAIN_SETS+=("$WORK/$k/train/manifest.jsonl*$KOKORO_REPEAT")
+        [ -s "$WORK/$k/dev/manifest.jsonl" ] && DEV_SETS+=("$WORK/$k/dev/manifest.jsonl")
+    done
+    [ $KOKORO_SETS -gt 0 ] || log "training without Kokoro speech (none carried or unpacked)"
     # the classic engines' speech made on the CPU machine (gpu_carry.sh classic), when the engines
     # themselves do not travel
     if unpack classic; then TRAIN_SETS+=("$WORK/classic/train/manifest.jsonl"); fi

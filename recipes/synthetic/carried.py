@@ -2,6 +2,7 @@
 
     python -m recipes.synthetic.carried pack --out .carry/kokoro.tar.xz --max-mib 15 \\
         --held-apart .carry/text/dev.txt .carry/text/eval.txt .carry/kokoro/train .carry/kokoro/dev
+    python -m recipes.synthetic.carried pack --out .carry/kokoro2.tar.xz --not-in .carry/kokoro.tar.xz ...
     python -m recipes.synthetic.carried unpack --pack .carry/kokoro.tar.xz --out WORK/kokoro
     python -m recipes.synthetic.carried merge --out M.jsonl A/manifest.jsonl 'B/manifest.jsonl*3'
     python -m recipes.synthetic.carried encode --src SYNTH_OUT --out .carry/classic/train
@@ -13,7 +14,8 @@ that the classic engines' speech can travel without the engines.
 pack: the finished utterances of each set (a folder with manifest.jsonl, the set's name is the
 folder's), in manifest order until the size budget is spent; a `train` set loses every row
 whose sentence shares a word 6-gram with the held-apart text (which may have changed since the
-speech was made). unpack: extracts and decodes each set to 16 kHz 16-bit WAV with libsndfile
+speech was made); `--not-in` leaves out the rows an earlier pack carries (a second pack for a
+warm machine that keeps the first). unpack: extracts and decodes each set to 16 kHz 16-bit WAV with libsndfile
 (through ctypes: the GPU machine has the engines' libsndfile, not the soundfile package), writing
 OUT/SET/manifest.jsonl. merge: manifests into one (`PATH*N`: its rows N times), with absolute
 audio paths, in a seeded shuffled order (train.py's dev set is the first --dev-utts rows).
@@ -30,7 +32,7 @@ import multiprocessing
 import random
 import tarfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -104,18 +106,34 @@ def select(rows: list[dict[str, Any]], folder: Path, budget: int, apart: set[str
     return out
 
 
-def pack(sets: list[Path], out: Path, max_bytes: int, held_apart: list[Path]) -> dict[str, int]:
+def packed_rows(packs: list[Path]) -> set[tuple[str, str]]:
+    """(set, audio) of every row the packs carry."""
+    out = set()
+    for path in packs:
+        with tarfile.open(path) as tar:
+            for member in tar.getmembers():
+                if member.name.endswith("/manifest.jsonl"):
+                    name = member.name.split("/")[0]
+                    data = tar.extractfile(member).read().decode()  # type: ignore[union-attr]
+                    out |= {(name, json.loads(line)["audio"]) for line in data.splitlines() if line}
+    return out
+
+
+def pack(sets: list[Path], out: Path, max_bytes: int, held_apart: list[Path],
+         not_in: Sequence[Path] = ()) -> dict[str, int]:
     """Pack the sets, in the order given, into one tar.xz whose audio files sum to at most
     `max_bytes` (the tar.xz comes out ~10 % smaller: xz saves more on the Ogg pages than the tar
-    headers cost); return the utterances packed per set."""
+    headers cost), leaving out the rows the `not_in` packs carry; return the utterances packed
+    per set."""
     apart = {h for p in held_apart for s in p.read_text().splitlines() for h in ngrams.hashes(s)}
+    already = packed_rows(list(not_in))
     counts: dict[str, int] = {}
     left = max_bytes
     sets = [f for f in sets if (f / "manifest.jsonl").exists()]  # a set not begun yet is left out
     with tarfile.open(out, "w:xz", preset=1) as tar:
         for folder in sets:
-            rows = select(read_rows(folder / "manifest.jsonl"), folder, left,
-                          apart if folder.name == "train" else set())
+            rows = [r for r in read_rows(folder / "manifest.jsonl") if (folder.name, r["audio"]) not in already]
+            rows = select(rows, folder, left, apart if folder.name == "train" else set())
             for row in rows:
                 tar.add(folder / row["audio"], f"{folder.name}/{row['audio']}")
                 left -= (folder / row["audio"]).stat().st_size
@@ -212,6 +230,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--max-mib", type=float, default=15.0)
     p.add_argument("--held-apart", type=Path, nargs="*", default=[], help="dev/eval text files")
+    p.add_argument("--not-in", type=Path, nargs="*", default=[], help="earlier packs: their rows are left out")
     u = sub.add_parser("unpack")
     u.add_argument("--pack", type=Path, required=True)
     u.add_argument("--out", type=Path, required=True)
@@ -230,7 +249,7 @@ def main() -> None:
     if args.cmd == "encode":
         print(json.dumps({"utterances": encode(args.src, args.out, args.workers)}))
     elif args.cmd == "pack":
-        counts = pack(args.sets, args.out, int(args.max_mib * 2**20), args.held_apart)
+        counts = pack(args.sets, args.out, int(args.max_mib * 2**20), args.held_apart, args.not_in)
         print(json.dumps({"utterances": counts, "bytes": args.out.stat().st_size}))
     elif args.cmd == "join":
         print(json.dumps({"utterances": join(args.parts, args.out)}))

@@ -147,6 +147,13 @@ def test_parts_made_by_separate_jobs_join_into_one_set_that_packs(tmp_path: Path
         assert [r["audio"] for r in rows] == ["train-a/audio/0000/0000000.opus", "train-a/audio/0000/0000001.opus",
                                               "train-b/audio/0000/0000000.opus", "train-b/audio/0000/0000001.opus"]
         assert all(tar.getmember(f"train/{r['audio']}").isfile() for r in rows)  # the audio, not the links
+    write_set(b, ["three things said here", "four things said here", "five things said here"])
+    carried.join([a, b], tmp_path / "train")
+    second = carried.pack([tmp_path / "train"], tmp_path / "k2.tar.xz", 10**6, [], not_in=[tmp_path / "k.tar.xz"])
+    assert second == {"train": 1}  # only what the first pack does not carry
+    with tarfile.open(tmp_path / "k2.tar.xz") as tar:
+        rows = [json.loads(x) for x in tar.extractfile("train/manifest.jsonl").read().splitlines()]
+        assert [r["text"] for r in rows] == ["five things said here"]
 
 
 def test_real_speech_sets_keep_a_seeded_share_of_a_source(tmp_path: Path) -> None:
