@@ -21,7 +21,9 @@
 # files of <= 16 MiB): run.log, summary.json, last.pt.000.. and, when the dev WER improved on the
 # best so far, default-model.pt.000..; eval writes eval.md and eval.json.
 # BUDGET_MIN (default 9.2) is the wall clock this script may use; training gets what is left
-# after synthesis minus a margin. The same seeds every call: the data are the same every call.
+# after synthesis minus a margin. The same seeds every call: the data are the same every call
+# (SYNTH_SEED, default 0, picks the classic engines' and Pico's training sentences and voices: a new one a
+# session gives the model sentences it has not heard).
 # Knobs (environment): N_TRAIN=40000 N_DEV=1000 N_EVAL=640 WORKERS=16 DEVICE=cuda TRAIN_ARGS=...
 # SYNTH_ENGINES=espeak-ng,espeak,flite (the engines to synthesise with; default: all carried)
 # N_PICO=4000 N_PICO_DEV=200 KOKORO_REPEAT=5 (each carried Kokoro training utterance appears that
@@ -39,6 +41,7 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-$PWD/.out/run}
 WORK=${WORK:-/tmp/streamd-run}
 N_TRAIN=${N_TRAIN:-40000}
+SYNTH_SEED=${SYNTH_SEED:-0}
 N_DEV=${N_DEV:-1000}
 N_EVAL=${N_EVAL:-640}
 WORKERS=${WORKERS:-16}
@@ -132,11 +135,11 @@ if [ "$MODE" = train ]; then
     TRAIN_SETS=()
     DEV_SETS=()
     if [ $HAVE_TTS = 1 ]; then
-        synth train train.txt train "$N_TRAIN" 0 "$WORKERS" & p1=$!
+        synth train train.txt train "$N_TRAIN" "$SYNTH_SEED" "$WORKERS" & p1=$!
         synth dev dev.txt train "$N_DEV" 1 4 & p2=$!
     fi
     if [ -d .carry/pico ]; then
-        pico pico-train train.txt "$N_PICO" 20 4 & p3=$!
+        pico pico-train train.txt "$N_PICO" $((20 + SYNTH_SEED)) 4 & p3=$!
         pico pico-dev dev.txt "$N_PICO_DEV" 21 2 & p4=$!
         # A failure here leaves that engine out rather than losing the call.
         if wait $p3 && wait $p4; then
