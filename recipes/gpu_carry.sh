@@ -41,8 +41,10 @@ kokoro)
     # .carry/kokoro/{train,dev}: made by recipes.synthetic.kokoro (a background job may still be
     # adding to them; jobs writing .carry/kokoro/train-* are joined into train first); train rows
     # that share a 6-gram with the current dev/eval text are left out.
+    # The parts in reverse order (train-3 train-2 ...): this session's new seeds (the highest parts)
+    # are packed before the speech earlier sessions trained on.
     if ls -d .carry/kokoro/train-* >/dev/null 2>&1; then
-        ${PYTHON:-python3} -m recipes.synthetic.carried join --out .carry/kokoro/train .carry/kokoro/train-*
+        ${PYTHON:-python3} -m recipes.synthetic.carried join --out .carry/kokoro/train $(ls -d .carry/kokoro/train-* | sort -rV)
     fi
     NAME=${3:-kokoro}
     EARLIER=()
