@@ -8,7 +8,9 @@ while serving goes on) and the serving gap (last results before the pause -> fir
 from the admin report; the p95 and max result latency the clients measured from the admin call
 to `--settle` seconds after it returned (the time from sending a piece of audio to receiving the
 result that covers it), split into the preparation and the seconds after, beside the `--settle`
-seconds before the first move; whether the encoder and decoder run from graphs again; and at the end the streams
+seconds before the first move (which begin `--warmup` seconds after every stream runs: the daemon's
+first steps at each new batch size capture its graphs, a start-up backlog that is not the
+migration's); whether the encoder and decoder run from graphs again; and at the end the streams
 dropped. For moves that keep fp32 (e.g. cuda:0 -> cpu -> cuda:0), `--compare` runs the same
 streams through a second daemon that is never moved and reports whether every stream's tokens are
 identical. The daemon admits by `max_streams` (`--admission max_streams`): the benchmark sets the
@@ -201,6 +203,7 @@ def run_daemon(args: argparse.Namespace, model: Path, moves: list[str], tag: str
         deadline = time.time() + 120  # the client processes may start late (they import torch)
         while admin(sock, "GET", "/v1/status").get("streams", 0) < args.streams and time.time() < deadline:
             time.sleep(0.5)
+        time.sleep(args.warmup)  # the start's captures and backlog
         baseline = (time.time(), time.time() + args.settle)  # every stream running, nothing moved yet
         time.sleep(args.settle)
         for move in moves:
@@ -248,7 +251,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if not args.model:
         make_model(model, args.vocab)
     moves = [m for m in args.moves.split(",") if m]
-    seconds = args.seconds or (args.settle * (len(moves) + 1) + min(2.0, args.settle / 2)
+    seconds = args.seconds or (args.settle * (len(moves) + 1) + min(2.0, args.settle / 2) + args.warmup
                                + (PREPARE_ALLOWANCE_S * len(moves) if "cuda" in args.start + args.moves else 0))
     compare = args.compare and all(m.endswith("/fp32") for m in [args.start, *moves])
     moved = run_daemon(args, model, moves, "moved", seconds, stop_early=not compare)  # compared: the same audio
@@ -282,6 +285,8 @@ def main() -> None:
     ap.add_argument("--start", default="cpu/fp32", help="DEVICE/DTYPE the daemon starts on")
     ap.add_argument("--moves", default="cpu/bf16,cpu/fp32", help="DEVICE/DTYPE of each move, in order")
     ap.add_argument("--settle", type=float, default=10.0, help="seconds between moves (and measured after each)")
+    ap.add_argument("--warmup", type=float, default=5.0,
+                    help="seconds every stream runs before the measured window before the first move")
     ap.add_argument("--seconds", type=float, default=0.0,
                     help="audio per stream (default: enough for the moves; every stream must outlast them)")
     ap.add_argument("--compare", action=argparse.BooleanOptionalAction, default=True,
