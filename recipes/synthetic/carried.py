@@ -170,6 +170,7 @@ def unpack(pack_path: Path, out: Path, workers: int) -> dict[str, int]:
         with multiprocessing.Pool(workers) as pool:
             done = [r for r in pool.map(_decode, [(folder, out / folder.name, r) for r in rows],
                                         chunksize=64) if r]
+        (out / folder.name).mkdir(parents=True, exist_ok=True)  # a set packed with no rows too
         (out / folder.name / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in done))
         counts[folder.name] = len(done)
     return counts

@@ -149,11 +149,21 @@ def test_parts_made_by_separate_jobs_join_into_one_set_that_packs(tmp_path: Path
         assert all(tar.getmember(f"train/{r['audio']}").isfile() for r in rows)  # the audio, not the links
     write_set(b, ["three things said here", "four things said here", "five things said here"])
     carried.join([a, b], tmp_path / "train")
-    second = carried.pack([tmp_path / "train"], tmp_path / "k2.tar.xz", 10**6, [], not_in=[tmp_path / "k.tar.xz"])
-    assert second == {"train": 1}  # only what the first pack does not carry
+    dev = tmp_path / "dev"
+    write_set(dev, ["a dev sentence here"])
+    first = carried.pack([dev, tmp_path / "train"], tmp_path / "k1.tar.xz", 10**6, [])
+    assert first == {"dev": 1, "train": 5}
+    write_set(b, ["three things said here", "four things said here", "five things said here", "six things"])
+    carried.join([a, b], tmp_path / "train")
+    second = carried.pack([dev, tmp_path / "train"], tmp_path / "k2.tar.xz", 10**6, [],
+                          not_in=[tmp_path / "k1.tar.xz"])
+    assert second == {"dev": 0, "train": 1}  # only what the first pack does not carry
     with tarfile.open(tmp_path / "k2.tar.xz") as tar:
         rows = [json.loads(x) for x in tar.extractfile("train/manifest.jsonl").read().splitlines()]
-        assert [r["text"] for r in rows] == ["five things said here"]
+        assert [r["text"] for r in rows] == ["six things"]
+    # a set packed with no rows unpacks to an empty manifest (run_gpu.sh reads every set's)
+    assert carried.unpack(tmp_path / "k2.tar.xz", tmp_path / "un2", workers=1) == {"dev": 0, "train": 1}
+    assert (tmp_path / "un2/dev/manifest.jsonl").read_text() == ""
 
 
 def test_real_speech_sets_keep_a_seeded_share_of_a_source(tmp_path: Path) -> None:
