@@ -11,7 +11,8 @@ result that covers it), split into the preparation and the seconds after, beside
 seconds before the first move (which begin `--warmup` seconds after every stream runs: the daemon's
 first steps at each new batch size capture its graphs, a start-up backlog that is not the
 migration's); whether the encoder and decoder run from graphs again; and at the end the streams
-dropped. For moves that keep fp32 (e.g. cuda:0 -> cpu -> cuda:0), `--compare` runs the same
+dropped (the admin reports so far are written after every move, in case the run is stopped). For
+moves that keep fp32 (e.g. cuda:0 -> cpu -> cuda:0), `--compare` runs the same
 streams through a second daemon that is never moved and reports whether every stream's tokens are
 identical. The daemon admits by `max_streams` (`--admission max_streams`): the benchmark sets the
 load itself, and admission by the capacity estimate would refuse streams beyond what the start
@@ -221,6 +222,8 @@ def run_daemon(args: argparse.Namespace, model: Path, moves: list[str], tag: str
                             "streams_live": report.get("streams"), "encoder": status.get("encoder"),
                             "decoder": status.get("decoder"), "eager_reason": status.get("eager_reason")})
             print(f"  [{tag}] {reports[-1]}", flush=True)
+            # so far, in case the run is stopped before the clients' latencies are in (overwritten at the end)
+            Path(args.out).write_text(json.dumps({"partial": True, "tag": tag, "moves": reports}, indent=2))
         if stop_file is not None:
             Path(stop_file).touch()
         logs = [log for job in jobs for log in job.result()]
