@@ -7,6 +7,7 @@
     python -m recipes.synthetic.carried merge --out M.jsonl A/manifest.jsonl 'B/manifest.jsonl*3'
     python -m recipes.synthetic.carried encode --src SYNTH_OUT --out .carry/classic/train
     python -m recipes.synthetic.carried join --out .carry/kokoro/train .carry/kokoro/train-a .carry/kokoro/train-b
+    python -m recipes.synthetic.carried shrink --pack .carry/kokoro.tar.xz --out SMALL.tar.xz --rows 6
 
 encode: a set synthesised here (synth.py's WAVs) as Ogg/Opus in a set folder that pack takes, so
 that the classic engines' speech can travel without the engines.
@@ -20,7 +21,8 @@ warm machine that keeps the first). unpack: extracts and decodes each set to 16 
 OUT/SET/manifest.jsonl. merge: manifests into one (`PATH*N`: its rows N times), with absolute
 audio paths, in a seeded shuffled order (train.py's dev set is the first --dev-utts rows).
 join: sets made by separate jobs (one per core) as one set folder that pack takes: a link to
-each part and their rows, as they are now, in one manifest.
+each part and their rows, as they are now, in one manifest. shrink: a pack with the first N rows of
+each of a pack's sets (`recipes/rehearse.sh`).
 """
 from __future__ import annotations
 
@@ -145,6 +147,26 @@ def pack(sets: list[Path], out: Path, max_bytes: int, held_apart: list[Path],
     return counts
 
 
+def shrink(pack_path: Path, out: Path, rows: int) -> dict[str, int]:
+    """OUT: the pack at `pack_path` with the first `rows` rows of each set (a set stays, emptied or not)."""
+    counts = {}
+    with tarfile.open(pack_path, "r:xz") as src, tarfile.open(out, "w:xz", preset=1) as dst:
+        for member in src.getmembers():
+            if not member.name.endswith("/manifest.jsonl"):
+                continue
+            name = member.name.split("/")[0]
+            kept = src.extractfile(member).read().decode().splitlines()[:rows]  # type: ignore[union-attr]
+            for line in kept:
+                audio = src.getmember(f"{name}/{json.loads(line)['audio']}")
+                dst.addfile(audio, src.extractfile(audio))
+            data = "".join(line + "\n" for line in kept).encode()
+            info = tarfile.TarInfo(member.name)
+            info.size = len(data)
+            dst.addfile(info, io.BytesIO(data))
+            counts[name] = len(kept)
+    return counts
+
+
 def _decode(args: tuple[Path, Path, dict[str, Any]]) -> dict[str, Any] | None:
     src, dst, row = args
     try:
@@ -242,6 +264,10 @@ def main() -> None:
     j = sub.add_parser("join")
     j.add_argument("parts", type=Path, nargs="+", help="set folders made by separate jobs")
     j.add_argument("--out", type=Path, required=True)
+    k = sub.add_parser("shrink")
+    k.add_argument("--pack", type=Path, required=True)
+    k.add_argument("--out", type=Path, required=True)
+    k.add_argument("--rows", type=int, default=6)
     e = sub.add_parser("encode")
     e.add_argument("--src", type=Path, required=True, help="synth.py's output folder")
     e.add_argument("--out", type=Path, required=True)
@@ -254,6 +280,8 @@ def main() -> None:
         print(json.dumps({"utterances": counts, "bytes": args.out.stat().st_size}))
     elif args.cmd == "join":
         print(json.dumps({"utterances": join(args.parts, args.out)}))
+    elif args.cmd == "shrink":
+        print(json.dumps({"utterances": shrink(args.pack, args.out, args.rows)}))
     elif args.cmd == "unpack":
         print(json.dumps({"utterances": unpack(args.pack, args.out, args.workers)}))
     else:

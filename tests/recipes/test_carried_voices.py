@@ -161,6 +161,12 @@ def test_parts_made_by_separate_jobs_join_into_one_set_that_packs(tmp_path: Path
     with tarfile.open(tmp_path / "k2.tar.xz") as tar:
         rows = [json.loads(x) for x in tar.extractfile("train/manifest.jsonl").read().splitlines()]
         assert [r["text"] for r in rows] == ["six things"]
+    small = carried.shrink(tmp_path / "k1.tar.xz", tmp_path / "k1s.tar.xz", rows=2)  # recipes/rehearse.sh's packs
+    assert small == {"dev": 1, "train": 2}
+    with tarfile.open(tmp_path / "k1s.tar.xz") as tar:
+        rows = [json.loads(x) for x in tar.extractfile("train/manifest.jsonl").read().splitlines()]
+        assert [r["text"] for r in rows] == ["one thing said here", "two things said here"]
+        assert all(tar.getmember(f"train/{r['audio']}").isfile() for r in rows)
     # a set packed with no rows unpacks to an empty manifest (run_gpu.sh reads every set's)
     assert carried.unpack(tmp_path / "k2.tar.xz", tmp_path / "un2", workers=1) == {"dev": 0, "train": 1}
     assert (tmp_path / "un2/dev/manifest.jsonl").read_text() == ""
