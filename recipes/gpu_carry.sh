@@ -46,13 +46,18 @@ kokoro)
     if ls -d .carry/kokoro/train-* >/dev/null 2>&1; then
         ${PYTHON:-python3} -m recipes.synthetic.carried join --out .carry/kokoro/train $(ls -d .carry/kokoro/train-* | sort -rV)
     fi
+    # The first pack (kokoro) carries the dev set too; a later one (kokoro2..) only the train rows
+    # that no earlier pack carries.
     NAME=${3:-kokoro}
+    SETS=(.carry/kokoro/dev .carry/kokoro/train)
     EARLIER=()
-    for f in .carry/kokoro.tar.xz .carry/kokoro[0-9]*.tar.xz; do
-        [ -f "$f" ] && [ "$f" != ".carry/$NAME.tar.xz" ] && EARLIER+=("$f")
-    done
-    [ "$NAME" = kokoro ] && EARLIER=()
-    ${PYTHON:-python3} -m recipes.synthetic.carried pack .carry/kokoro/dev .carry/kokoro/train \
+    if [ "$NAME" != kokoro ]; then
+        SETS=(.carry/kokoro/train)
+        for f in .carry/kokoro.tar.xz .carry/kokoro[0-9]*.tar.xz; do
+            [ -f "$f" ] && [ "$f" != ".carry/$NAME.tar.xz" ] && EARLIER+=("$f")
+        done
+    fi
+    ${PYTHON:-python3} -m recipes.synthetic.carried pack "${SETS[@]}" \
         --out ".carry/$NAME.tar.xz" --max-mib "${2:-15}" --held-apart .carry/text/dev.txt .carry/text/eval.txt \
         --not-in "${EARLIER[@]}"
     ;;

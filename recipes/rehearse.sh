@@ -13,7 +13,8 @@ cd "$(dirname "$0")/.."
 ROWS=${ROWS:-6}
 R=$(mktemp -d /tmp/streamd-rehearse.XXXXXX)
 mkdir -p "$R/repo/.carry"
-git ls-files -z | tar --null -T - -cf - | tar -xf - -C "$R/repo"
+git ls-files -z --cached --others --exclude-standard | tar --null -T - --ignore-failed-read -cf - 2>/dev/null \
+    | tar -xf - -C "$R/repo"  # the tree as .ci/run copies it
 call() {  # call N PACKS MAX_STEPS
     for p in $2; do python3 -m recipes.synthetic.carried shrink --pack ".carry/$p.tar.xz" \
         --out "$R/repo/.carry/$p.tar.xz" --rows "$ROWS" >/dev/null; done

@@ -149,9 +149,10 @@ if [ "$MODE" = train ]; then
             log "WARNING: training WITHOUT Pico (synthesis failed, see above)"
         fi
     fi
-    # kokoro2, kokoro3..: later packs for a warm machine that keeps the first (gpu_carry.sh kokoro MIB NAME)
+    # kokoro2, kokoro3..: later packs for a warm machine that keeps the first (gpu_carry.sh kokoro
+    # MIB NAME): every pack carried now or unpacked by an earlier call on this machine
     KOKORO_SETS=0
-    for k in kokoro kokoro2 kokoro3 kokoro4; do
+    for k in $( (ls .carry; ls "$WORK") 2>/dev/null | sed -n 's/^\(kokoro[0-9]*\)\.\(tar\.xz\|args\)$/\1/p' | sort -uV); do
         unpack $k || continue
         KOKORO_SETS=$((KOKORO_SETS + 1))
         [ -s "$WORK/$k/train/manifest.jsonl" ] && TRAIN_SETS+=("$WORK/$k/train/manifest.jsonl*$KOKORO_REPEAT")

@@ -108,16 +108,29 @@ def select(rows: list[dict[str, Any]], folder: Path, budget: int, apart: set[str
     return out
 
 
+def _manifests(tar: tarfile.TarFile) -> dict[str, list[dict[str, Any]]]:
+    """The rows of each set a pack carries, by set name."""
+    out = {}
+    for member in tar.getmembers():
+        if member.name.endswith("/manifest.jsonl"):
+            text = tar.extractfile(member).read().decode()  # type: ignore[union-attr]
+            out[member.name.split("/")[0]] = [json.loads(line) for line in text.splitlines() if line]
+    return out
+
+
+def _add_manifest(tar: tarfile.TarFile, name: str, rows: list[dict[str, Any]]) -> None:
+    data = "".join(json.dumps(r) + "\n" for r in rows).encode()
+    info = tarfile.TarInfo(f"{name}/manifest.jsonl")
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
 def packed_rows(packs: list[Path]) -> set[tuple[str, str]]:
     """(set, audio) of every row the packs carry."""
     out = set()
     for path in packs:
         with tarfile.open(path) as tar:
-            for member in tar.getmembers():
-                if member.name.endswith("/manifest.jsonl"):
-                    name = member.name.split("/")[0]
-                    data = tar.extractfile(member).read().decode()  # type: ignore[union-attr]
-                    out |= {(name, json.loads(line)["audio"]) for line in data.splitlines() if line}
+            out |= {(name, r["audio"]) for name, rows in _manifests(tar).items() for r in rows}
     return out
 
 
@@ -139,10 +152,7 @@ def pack(sets: list[Path], out: Path, max_bytes: int, held_apart: list[Path],
             for row in rows:
                 tar.add(folder / row["audio"], f"{folder.name}/{row['audio']}")
                 left -= (folder / row["audio"]).stat().st_size
-            data = "".join(json.dumps(r) + "\n" for r in rows).encode()
-            info = tarfile.TarInfo(f"{folder.name}/manifest.jsonl")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
+            _add_manifest(tar, folder.name, rows)
             counts[folder.name] = len(rows)
     return counts
 
@@ -151,19 +161,12 @@ def shrink(pack_path: Path, out: Path, rows: int) -> dict[str, int]:
     """OUT: the pack at `pack_path` with the first `rows` rows of each set (a set stays, emptied or not)."""
     counts = {}
     with tarfile.open(pack_path, "r:xz") as src, tarfile.open(out, "w:xz", preset=1) as dst:
-        for member in src.getmembers():
-            if not member.name.endswith("/manifest.jsonl"):
-                continue
-            name = member.name.split("/")[0]
-            kept = src.extractfile(member).read().decode().splitlines()[:rows]  # type: ignore[union-attr]
-            for line in kept:
-                audio = src.getmember(f"{name}/{json.loads(line)['audio']}")
+        for name, kept in _manifests(src).items():
+            for row in kept[:rows]:
+                audio = src.getmember(f"{name}/{row['audio']}")
                 dst.addfile(audio, src.extractfile(audio))
-            data = "".join(line + "\n" for line in kept).encode()
-            info = tarfile.TarInfo(member.name)
-            info.size = len(data)
-            dst.addfile(info, io.BytesIO(data))
-            counts[name] = len(kept)
+            _add_manifest(dst, name, kept[:rows])
+            counts[name] = len(kept[:rows])
     return counts
 
 

@@ -147,6 +147,12 @@ def test_parts_made_by_separate_jobs_join_into_one_set_that_packs(tmp_path: Path
         assert [r["audio"] for r in rows] == ["train-a/audio/0000/0000000.opus", "train-a/audio/0000/0000001.opus",
                                               "train-b/audio/0000/0000000.opus", "train-b/audio/0000/0000001.opus"]
         assert all(tar.getmember(f"train/{r['audio']}").isfile() for r in rows)  # the audio, not the links
+
+
+def test_a_later_pack_carries_only_new_rows_and_a_pack_shrinks(tmp_path: Path) -> None:
+    """gpu_carry.sh's kokoro2..: `--not-in` the earlier packs; recipes/rehearse.sh's small packs."""
+    a, b = tmp_path / "train-a", tmp_path / "train-b"
+    write_set(a, ["one thing said here", "two things said here"])
     write_set(b, ["three things said here", "four things said here", "five things said here"])
     carried.join([a, b], tmp_path / "train")
     dev = tmp_path / "dev"
