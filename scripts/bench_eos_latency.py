@@ -291,6 +291,11 @@ def main(argv: list[str] | None = None) -> int:
     pool = (ProcessPoolExecutor(args.client_procs, mp_context=get_context("spawn"))
             if args.client_procs > 1 else None)
     levels: list[dict[str, Any]] = []
+
+    def save() -> None:  # after every level: a run cut short by a timeout keeps what it measured
+        args.out.write_text(json.dumps({"machine": load.machine_info(),
+                                        "args": {k: str(v) for k, v in vars(args).items()},
+                                        "levels": levels}, indent=1))
     try:
         url = args.url or daemon.wait_serving()  # type: ignore[union-attr]
         print(f"daemon {url}; speech {clip.name} {clip.seconds:.2f} s + {args.silence_s:g} s silence, "
@@ -303,13 +308,13 @@ def main(argv: list[str] | None = None) -> int:
                     level = run_level(url, face, mode, n, clip, args, pool)
                     levels.append(level)
                     print_level(level)
+                    save()
     finally:
         if pool is not None:
             pool.shutdown()
         if daemon is not None:
             daemon.stop()
-        args.out.write_text(json.dumps({"machine": load.machine_info(), "args": {k: str(v) for k, v in vars(args).items()},
-                                        "levels": levels}, indent=1))
+        save()
     return 0
 
 

@@ -4,7 +4,7 @@
 # Carries: .whl, the wheels the device image lacks, for its Python 3.12 (cffi: soundfile needs it):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_17_x86_64 \
 #     --platform manylinux_2_28_x86_64 --platform any -d .whl websockets soxr soundfile cffi pycparser
-#   bash scripts/gpu_suite.sh [tests|bench|all|capacity|scale|migration]
+#   bash scripts/gpu_suite.sh [tests|bench|all|capacity|scale|migration|eos]
 # `capacity` (about 6.5 minutes, 4 files): the encoder-step `cuda` tests, then
 # scripts/bench_capacity.py (engine-only vs daemon end-to-end capacity of a random FastConformer-L,
 # 160 and 1120 ms chunks, bf16, graphs on; graphs off and fp32 as its time budget allows:
@@ -61,6 +61,15 @@ if [ "$what" = capacity ]; then
   timeout 150 python3 -m pytest -q -m cuda -p no:cacheprovider tests/engine 2>&1 | tee "$OUT/cuda-tests.log" || status=1
   timeout $(( ${CAPACITY_BUDGET_S:-300} + 120 )) python3 scripts/bench_capacity.py --budget-s "${CAPACITY_BUDGET_S:-300}" \
     ${CAPACITY_ARGS:-} --out "$OUT/capacity.json" 2>&1 | tee "$OUT/capacity.log" || status=1
+fi
+if [ "$what" = eos ]; then
+  # Issue 30's end-of-speech latency on the random FastConformer-L at 160 ms: every face, the
+  # client's finalize and the server's endpointing, 1 stream and EOS_STREAMS (default: 1,3000, near
+  # the daemon's capacity at 160 ms).
+  timeout ${EOS_TIMEOUT_S:-300} python3 scripts/bench_eos_latency.py --device cuda --dtype bf16 --chunk-ms 160 \
+    --streams "${EOS_STREAMS:-1,3000}" --modes "${EOS_MODES:-finalize,endpoint}" --seconds "${EOS_SECONDS:-12}" \
+    --send-ms 40 --client-procs 6 --workers 8 --daemon-args "--batch-wait-ms=2 --admission=max_streams" \
+    --out "$OUT/eos-latency.json" 2>&1 | grep -v -e Warning -e _VF.lstm | tee "$OUT/eos-latency.log" || status=1
 fi
 if [ "$what" = scale ]; then
   # Issue 13 in one call: the engine step's phases (PROFILES: CHUNK_MS:STREAMS:FEATURES ...; features
