@@ -1,14 +1,15 @@
 """Samples per thread (process for the front ends) and the engine thread's leading leaf frames,
-from a `py-spy record --format raw --threads --subprocesses` file.
+from a `py-spy record --format raw --threads --subprocesses` file (kept xz-compressed here).
 
-    python summarize_pyspy.py run5-pyspy-160ms-1536.txt
+    python summarize_pyspy.py run5-pyspy-160ms-1536.txt.xz
 """
 import collections
+import lzma
 import sys
 
 per_thread: collections.Counter[str] = collections.Counter()
 engine: collections.Counter[str] = collections.Counter()
-for line in open(sys.argv[1]):
+for line in (lzma.open if sys.argv[1].endswith(".xz") else open)(sys.argv[1], "rt"):
     stack, _, count = line.rstrip().rpartition(" ")
     frames = stack.split(";")
     n = int(count)
