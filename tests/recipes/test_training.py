@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from recipes import evaluate, ship, state, train
+from recipes import evaluate, ship, soup, state, train
 from recipes.synthetic import augment
 from recipes.data import Batch, DurationBatchSampler, SpeechDataset, collate, read_manifest
 from recipes.model_setup import (
@@ -422,6 +422,30 @@ def test_ship_stores_fp16_weights_that_load_as_the_same_model(corpus: Path, tmp_
         if v.is_floating_point():
             assert stored[k].dtype == torch.float16
             assert torch.equal(got.model.state_dict()[k], v.half().float())  # loaded back as fp32
+
+
+def test_soup_averages_the_weights_of_models_of_one_tokenizer(corpus: Path, tmp_path: Path) -> None:
+    tok = train_tokenizer(TEXTS * 3, tmp_path / "tok.model", 40)
+    paths = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        paths.append(tmp_path / f"m{seed}.pt")
+        save_streamd(paths[-1], Transducer(build_dims("tiny", tok.vocab_size)), tok, f"m{seed}")
+    a, b = (load_model(p).model.state_dict() for p in paths)
+    soup.main([str(tmp_path / "soup.pt"), *map(str, paths), "--weights", "3,1"])
+    got = load_model(tmp_path / "soup.pt")
+    assert got.name == "m0-soup" and got.tokenizer.model_proto == tok.model_proto
+    for k, v in got.model.state_dict().items():
+        expect = (3 * a[k] + b[k]) / 4 if v.is_floating_point() else a[k]
+        assert torch.allclose(v, expect, atol=1e-6), k
+    other = train_tokenizer(TEXTS[::-1] * 2 + ["zebra quiz"] * 3, tmp_path / "other.model", 40)
+    save_streamd(tmp_path / "other.pt", Transducer(build_dims("tiny", other.vocab_size)), other, "other")
+    assert other.model_proto != tok.model_proto and other.vocab_size == tok.vocab_size
+    with pytest.raises(SystemExit, match="tokenizer differs"):
+        soup.main([str(tmp_path / "bad.pt"), str(paths[0]), str(tmp_path / "other.pt")])
+    with pytest.raises(SystemExit, match="one non-negative weight per model"):
+        soup.main([str(tmp_path / "bad.pt"), *map(str, paths), "--weights", "1"])
+    assert not (tmp_path / "bad.pt").exists()
 
 
 def test_nonspeech_clips_are_labelled_by_kind() -> None:
