@@ -26,7 +26,7 @@ status=0
 # The acceptance levels: 4 bf16 <-> fp16 moves with 3000 streams at 160 ms and 6000 at
 # 1120 ms, 4 bf16 <-> fp32 moves with 1500 and 4500, and fp32 cuda:0 -> cpu -> cuda:0 with 16 streams
 # (tokens compared with an unmoved run). MIGRATION_SPECS="CHUNK:STREAMS:DTYPE:MOVE,MOVE ..." replaces
-# them; MIGRATION_TESTS=0 skips the migration tests before them; MIGRATION_WORKERS (front ends, 8), MIGRATION_SETTLE_S (10), MIGRATION_TIMEOUT_S (420 a run: the first move at 3000 streams prepares ~80 s).
+# them; MIGRATION_TESTS=0 skips the migration tests before them; MIGRATION_WORKERS (front ends, 8), MIGRATION_SETTLE_S (10), MIGRATION_TIMEOUT_S (420 a run: the first move at 3000 streams prepares 50-100 s, its captures paced).
 migration() {
   python3 -c "import sys; sys.path.insert(0, 'scripts'); from bench_migration import make_model; make_model('/tmp/fcl.pt', 1024)" || return 1
   local w=${MIGRATION_WORKERS:-8}

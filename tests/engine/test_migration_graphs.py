@@ -349,3 +349,51 @@ def test_the_sizes_called_last_are_prepared_first(monkeypatch: pytest.MonkeyPatc
             await engine.stop()
 
     asyncio.run(main())
+
+
+def test_the_pacer_gives_serving_the_time_between_captures() -> None:
+    now = [0.0]
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        now[0] += s
+
+    for share, expect in ((0.5, [2.0, 1.0]), (0.25, [6.0, 3.0]), (1.0, [])):
+        slept.clear()
+        pace = migration.Pacer(share, clock=lambda: now[0], sleep=sleep)
+        pace()  # the first capture starts at once
+        for capture_s in (2.0, 1.0):
+            now[0] += capture_s
+            pace()
+        assert slept == expect and pace.waited == sum(expect)
+
+
+def test_a_migration_paces_every_capture(monkeypatch: pytest.MonkeyPatch) -> None:
+    master = random_model(seed=2, att_context_sizes=CONTEXT)
+    made = Made()
+    paced: list[migration.Pacer] = []
+
+    class Counting(migration.Pacer):
+        calls = 0
+
+        def __call__(self) -> None:
+            Counting.calls += 1
+            paced.append(self)
+            super().__call__()
+
+    monkeypatch.setattr(migration, "Pacer", Counting)
+
+    async def main() -> None:
+        rec, engine = made.started(master)
+        try:
+            await engine.call(lambda r: r.capture_graphs(SLOTS))
+            enc_sizes, dec_sizes = rec.graph_sizes()
+            report = await engine.migrate(master, None, torch.bfloat16)
+            assert report.ok and rec.graph_sizes() == (enc_sizes, dec_sizes), report
+            # one pacer, called before each encoder and decoder size (the hot ones, then all in use)
+            assert Counting.calls >= len(enc_sizes) + len(dec_sizes) and len(set(map(id, paced))) == 1
+        finally:
+            await engine.stop()
+
+    asyncio.run(main())
