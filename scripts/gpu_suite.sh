@@ -26,7 +26,7 @@ status=0
 # The issue's acceptance levels: 4 bf16 <-> fp16 moves with 3000 streams at 160 ms and 6000 at
 # 1120 ms, 4 bf16 <-> fp32 moves with 1500 and 4500, and fp32 cuda:0 -> cpu -> cuda:0 with 16 streams
 # (tokens compared with an unmoved run). MIGRATION_SPECS="CHUNK:STREAMS:DTYPE:MOVE,MOVE ..." replaces
-# them; MIGRATION_TESTS=0 skips the migration tests before them; MIGRATION_WORKERS (front ends, 8), MIGRATION_SETTLE_S (10), MIGRATION_TIMEOUT_S (420 a run: the first move at 3000 streams prepares 50-100 s, its captures paced).
+# them; MIGRATION_TESTS=0 skips the migration tests before them; MIGRATION_WORKERS (front ends, 8), MIGRATION_SETTLE_S (10), MIGRATION_TIMEOUT_S (540 a run: at 3000 streams a move prepares 40-100 s, its captures paced; a level of four moves fills a call).
 migration() {
   python3 -c "import sys; sys.path.insert(0, 'scripts'); from bench_migration import make_model; make_model('/tmp/fcl.pt', 1024)" || return 1
   local w=${MIGRATION_WORKERS:-8}
@@ -34,7 +34,7 @@ migration() {
   for spec in ${MIGRATION_SPECS:-"160:3000:bf16:$half" "1120:6000:bf16:$half" "160:1500:bf16:$full" "1120:4500:bf16:$full" \
               "160:16:fp32:cpu/fp32,cuda:0/fp32"}; do
     IFS=: read -r chunk n dtype moves <<< "$spec"
-    timeout ${MIGRATION_TIMEOUT_S:-420} python3 scripts/bench_migration.py --model /tmp/fcl.pt --streams "$n" --chunk-ms "$chunk" \
+    timeout ${MIGRATION_TIMEOUT_S:-540} python3 scripts/bench_migration.py --model /tmp/fcl.pt --streams "$n" --chunk-ms "$chunk" \
       --workers "$w" --start "cuda:0/$dtype" --moves "$moves" --settle ${MIGRATION_SETTLE_S:-10} \
       --out "$OUT/bench_migration-$chunk-$n-$dtype-${moves//[\/,:]/_}.json" 2>&1 | grep -v -e Warning -e _VF.lstm \
       | tee -a "$OUT/bench_migration.log" || status=1
