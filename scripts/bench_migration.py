@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import math
 import multiprocessing
@@ -56,8 +57,9 @@ from streamd.model.transducer import Transducer  # noqa: E402
 
 CHUNK_RC = {80: 0, 160: 1, 560: 6, 1120: 13}  # chunk ms -> right context
 SEND_S = 0.1  # clients send 100 ms of audio per message
-PREPARE_ALLOWANCE_S = 60.0  # audio per stream added per move on a GPU (the target's graphs are captured
-# first); streams stop when the last move is measured, except with --compare
+PREPARE_ALLOWANCE_S = 150.0  # audio per stream added per move on a GPU (the target's graphs are captured
+# first, paced: up to ~100 s a move at 3000 streams); streams stop when the last move is measured,
+COMPARED_ALLOWANCE_S = 30.0  # except in a compared run (fp32 moves of a few streams), played to its end twice
 
 FASTCONFORMER_L = dict(d_model=512, n_layers=17, n_heads=8, subsampling_channels=256, pred_hidden=640,
                        joint_hidden=640, ctc_head=True)
@@ -107,12 +109,19 @@ def calibrate(m: Transducer) -> None:
     m.joint.joint_net[-1].bias[blank] += torch.quantile(margin, 0.95)
 
 
+@functools.lru_cache(maxsize=None)
+def stream_audio(seed: int, seconds: float) -> tuple[load.Audio, bytes]:
+    """The tone bursts of `seed` and `seconds` of them looped: made once a client process and
+    shared by its streams of that seed (a copy a stream took 10-20 MB each, tens of GB at 3000)."""
+    audio = load.tone_bursts(seed=seed)
+    return audio, load.looped(audio, seconds)
+
+
 async def client(url: str, index: int, seconds: float, start_at: float, stop: asyncio.Event) -> dict[str, Any]:
     """One real-time stream of `load.tone_bursts` (seeded by its index, so that two runs send the
     same audio) for `seconds` or until `stop` is set: every result's latency (wall time received -
     when the audio it covers had been sent) and the final tokens."""
-    audio = load.tone_bursts(seed=index % 16)
-    pcm = load.looped(audio, seconds)
+    audio, pcm = stream_audio(index % 16, seconds)
     step = int(audio.rate * SEND_S) * 2
     log: dict[str, Any] = {"index": index, "results": [], "tokens": [], "closed": None, "error": None}
     sent_at: list[float] = []
@@ -218,6 +227,7 @@ def run_daemon(args: argparse.Namespace, model: Path, moves: list[str], tag: str
             reports.append({"move": move, "at": t, "until": done + args.settle, "ok": reply.get("ok", False),
                             "error": report.get("error", ""), "prepare_ms": report.get("prepare_ms"),
                             "pause_ms": report.get("pause_ms"), "recapture_ms": report.get("recapture_ms"),
+                            "paced_ms": report.get("paced_ms"),
                             "graphs": report.get("graphs"), "serving_gap_ms": report.get("serving_gap_ms"),
                             "streams_live": report.get("streams"), "encoder": status.get("encoder"),
                             "decoder": status.get("decoder"), "eager_reason": status.get("eager_reason")})
@@ -254,9 +264,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if not args.model:
         make_model(model, args.vocab)
     moves = [m for m in args.moves.split(",") if m]
-    seconds = args.seconds or (args.settle * (len(moves) + 1) + min(2.0, args.settle / 2) + args.warmup
-                               + (PREPARE_ALLOWANCE_S * len(moves) if "cuda" in args.start + args.moves else 0))
     compare = args.compare and all(m.endswith("/fp32") for m in [args.start, *moves])
+    allowance = COMPARED_ALLOWANCE_S if compare else PREPARE_ALLOWANCE_S
+    seconds = args.seconds or (args.settle * (len(moves) + 1) + min(2.0, args.settle / 2) + args.warmup
+                               + (allowance * len(moves) if "cuda" in args.start + args.moves else 0))
     moved = run_daemon(args, model, moves, "moved", seconds, stop_early=not compare)  # compared: the same audio
     out: dict[str, Any] = {"machine": machine(), "streams": args.streams, "chunk_ms": args.chunk_ms,
                            "workers": args.workers, "start": args.start, "admission": "max_streams",

@@ -72,6 +72,7 @@ class MigrationReport:
     at: float = 0.0
     moved: bool = True  # False: the model already was at the target, nothing was done
     recapture_ms: float = 0.0  # part of prepare_ms: the target's CUDA graphs captured
+    paced_ms: float = 0.0  # part of prepare_ms: waited between captures for serving (`Pacer`)
     graphs: str = ""  # the batch sizes captured for the target ("encoder 12, decoder 9"), '' on a CPU
     graphs_deferred: int = 0  # batch sizes left to capture on their first step after the move (GPU memory)
     # last results delivered before the pause -> first after it (at most one chunk counted
@@ -341,7 +342,8 @@ async def migrate(engine: Host, master: Transducer, device: torch.device | None,
 
         steps = await asyncio.to_thread(prepare_steps, rec, target, in_use, room)
         report.prepare_ms = (time.perf_counter() - t0) * 1000
-        report.recapture_ms, report.graphs = steps.capture_ms, steps.graphs
+        report.paced_ms = pace.waited * 1000
+        report.recapture_ms, report.graphs = steps.capture_ms - report.paced_ms, steps.graphs
         report.graphs_deferred = steps.deferred
         engine.set_cutting_over(True)
         try:
