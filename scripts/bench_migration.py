@@ -57,9 +57,11 @@ from streamd.model.transducer import Transducer  # noqa: E402
 
 CHUNK_RC = {80: 0, 160: 1, 560: 6, 1120: 13}  # chunk ms -> right context
 SEND_S = 0.1  # clients send 100 ms of audio per message
-PREPARE_ALLOWANCE_S = 150.0  # audio per stream added per move on a GPU (the target's graphs are captured
-# first, paced: up to ~100 s a move at 3000 streams); streams stop when the last move is measured,
-COMPARED_ALLOWANCE_S = 30.0  # except in a compared run (fp32 moves of a few streams), played to its end twice
+# Audio per stream added per move on a GPU, where the target's graphs are captured first (paced: up
+# to ~100 s a move at 3000 streams). Streams stop when the last move is measured, except in a
+# compared run (fp32 moves of a few streams), which is played to its end twice.
+PREPARE_ALLOWANCE_S = 150.0
+COMPARED_ALLOWANCE_S = 30.0
 
 FASTCONFORMER_L = dict(d_model=512, n_layers=17, n_heads=8, subsampling_channels=256, pred_hidden=640,
                        joint_hidden=640, ctc_head=True)
