@@ -64,7 +64,6 @@ import gc
 import json
 import os
 import resource
-import shutil
 import statistics
 import subprocess
 import sys
@@ -515,7 +514,8 @@ def daemon_capacity(model_path: Path, item: Item, guess: int, args: argparse.Nam
         n: int | None = first
         level_cost = (args.live_s if args.daemon_churn else args.seconds + args.ramp_s) + 8
         while n is not None and time.monotonic() + level_cost < deadline and len(search.levels) < (len(fixed) or args.daemon_levels):
-            spy = py_spy(daemon.proc.pid, args, f"{item.chunk_ms}ms-{n}") if not search.levels else None
+            spy = (load.py_spy(daemon.proc.pid, args.py_spy, args.out.parent / f"pyspy-{item.chunk_ms}ms-{n}.txt")
+                   if not search.levels else None)
             level = run_level(url, n, audios, ns, pool, daemon.proc.pid)
             if spy is not None:
                 spy.wait()
@@ -529,18 +529,6 @@ def daemon_capacity(model_path: Path, item: Item, guess: int, args: argparse.Nam
         code = daemon.stop()
         if code not in (0, None):
             print(f"  daemon exit code {code}; last log lines:\n    " + "\n    ".join(daemon.log), flush=True)
-
-
-def py_spy(pid: int, args: argparse.Namespace, name: str) -> subprocess.Popen[bytes] | None:
-    """With `--py-spy S`: sample the daemon's processes (engine and front ends, every thread) for
-    S seconds of a level, as collapsed stacks beside `--out` (pyspy-NAME.txt)."""
-    exe = shutil.which("py-spy") or "/tmp/site/bin/py-spy"
-    if args.py_spy <= 0 or not Path(exe).exists():
-        return None
-    out = args.out.parent / f"pyspy-{name}.txt"
-    return subprocess.Popen([exe, "record", "--pid", str(pid), "--duration", str(int(args.py_spy)), "--rate", "50",
-                             "--format", "raw", "--threads", "--subprocesses", "--nonblocking", "-o", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=open(out.with_suffix(".err"), "w"))
 
 
 # -- the run -----------------------------------------------------------------------------------

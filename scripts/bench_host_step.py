@@ -8,8 +8,15 @@ step's few batched torch calls (pre-emphasis; window assembly: `cat`, `gather`) 
 host, on fresh (unpinned) buffers, and are counted: `--profile` separates them from the
 per-stream work.
 
+`--front-ends N` adds the daemon's channel work on the engine thread: each piece arrives in a
+`StreamAudio` message of one of N front ends (read from its frame: `channel._load`, cut by
+`StreamAudio.pieces`), and each step's results leave as one framed `Results` per front end,
+as `Bridge` does; the front ends' own work (framing the audio, reading the results) is not
+timed.
+
     python scripts/bench_host_step.py --streams 2000 --chunk-ms 160 --piece-ms 100
     python scripts/bench_host_step.py --streams 2000 --chunk-ms 1120 --piece-ms 100 --profile
+    python scripts/bench_host_step.py --streams 3000 --chunk-ms 160 --piece-ms 160 --front-ends 8
 """
 from __future__ import annotations
 
@@ -28,6 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from streamd.decoding.greedy import BatchedHyps  # noqa: E402
 from streamd.engine.recognizer import Recognizer  # noqa: E402
 from streamd.model.checkpoint import load_model  # noqa: E402
+from streamd.server.channel import _frame, _load  # noqa: E402
+from streamd.server.link import Results, StreamAudio  # noqa: E402
 
 CHUNK_RC = {80: 0, 160: 1, 560: 6, 1120: 13}
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "streamd" / "assets" / "default-model.pt"
@@ -61,6 +70,8 @@ def main() -> None:
     ap.add_argument("--streams", type=int, default=2000)
     ap.add_argument("--chunk-ms", type=int, default=160, choices=sorted(CHUNK_RC))
     ap.add_argument("--piece-ms", type=int, default=100, help="audio per pushed piece (a client message)")
+    ap.add_argument("--front-ends", type=int, default=0,
+                    help="route audio and results through N front ends' channel messages (0: direct)")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--profile", action="store_true", help="also print cProfile's top functions")
     args = ap.parse_args()
@@ -86,20 +97,51 @@ def main() -> None:
     for s in streams:
         s.push_audio(audio[:3000])
 
-    def step(k: int) -> float:
-        t0 = time.perf_counter()
+    fronts = [list(range(f, args.streams, args.front_ends)) for f in range(args.front_ends)]
+
+    def frames(k: int) -> list[tuple[bytearray, int]]:
+        """Each front end's audio messages for step k, framed as its channel sends them (one
+        message a piece's time, all its streams in it): (body, out-of-band buffers)."""
         base = (k % 10) * chunk
-        for s in streams:
+        out = []
+        for ids in fronts:
             for j in range(0, chunk, piece):
-                s.push_audio(audio[base + j: base + min(j + piece, chunk)])
-        rec.step([s for s in streams if s.ready])
+                a = audio[base + j: base + min(j + piece, chunk)]
+                parts = [bytes(p) for p in _frame(StreamAudio(ids, [a.size] * len(ids), np.tile(a, len(ids))))]
+                out.append((bytearray(b"".join(parts)[16:]), int.from_bytes(parts[0][8:16], "big")))
+        return out
+
+    def step(k: int) -> float:
+        framed = frames(k) if fronts else []
+        t0 = time.perf_counter()
+        if fronts:
+            for body, nbuf in framed:
+                m = _load(body, nbuf)
+                for stream_id, samples in m.pieces():
+                    streams[stream_id].push_audio(samples)
+        else:
+            base = (k % 10) * chunk
+            for s in streams:
+                for j in range(0, chunk, piece):
+                    s.push_audio(audio[base + j: base + min(j + piece, chunk)])
+        ready = [s for s in streams if s.ready]
+        results = rec.step(ready)
+        if fronts:
+            by_front: dict[int, Results] = {}
+            for s, r in zip(ready, results):
+                res = by_front.setdefault(s.slot % args.front_ends, Results([], []))
+                res.stream_ids.append(s.slot)
+                res.chunks.append((r.tokens, r.times, r.frame_start, r.frame_end))
+            for res in by_front.values():
+                _frame([res])
         return time.perf_counter() - t0
 
     for k in range(3):
         step(k)
     times = [step(k) for k in range(3, 3 + args.steps)]
     ms = 1000 * float(np.median(times))
-    print(f"{args.streams} streams, {args.chunk_ms} ms chunks, {args.piece_ms} ms pieces: host step {ms:.1f} ms "
+    via = f", through {args.front_ends} front ends' messages" if fronts else ""
+    print(f"{args.streams} streams, {args.chunk_ms} ms chunks, {args.piece_ms} ms pieces{via}: host step {ms:.1f} ms "
           f"median of {args.steps}, {1000 * ms / args.streams:.1f} us a stream")
     if args.profile:
         prof = cProfile.Profile()

@@ -217,9 +217,12 @@ def run_daemon(args: argparse.Namespace, model: Path, moves: list[str], tag: str
             time.sleep(0.5)
         time.sleep(args.warmup)  # the start's captures and backlog
         baseline = (time.time(), time.time() + args.settle)  # every stream running, nothing moved yet
+        spies = [load.py_spy(daemon.proc.pid, min(args.py_spy, args.settle), Path(args.out).with_suffix(f".{tag}.pyspy-before.txt"))]
         time.sleep(args.settle)
-        for move in moves:
+        for i, move in enumerate(moves):
             dev, dt = move.split("/")
+            if i == 0:
+                spies.append(load.py_spy(daemon.proc.pid, args.py_spy, Path(args.out).with_suffix(f".{tag}.pyspy-move1.txt")))
             t = time.time()
             reply = admin(sock, "POST", "/v1/migrate", {"device": dev, "dtype": dt})
             report = reply.get("migration", {})
@@ -239,6 +242,9 @@ def run_daemon(args: argparse.Namespace, model: Path, moves: list[str], tag: str
         if stop_file is not None:
             Path(stop_file).touch()
         logs = [log for job in jobs for log in job.result()]
+        for spy in spies:
+            if spy is not None:
+                spy.wait()
     finally:
         pool.shutdown()
         code = daemon.stop()
@@ -312,6 +318,9 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=1024)
     ap.add_argument("--client-procs", type=int, default=8, help="processes the client streams run in")
     ap.add_argument("--out", default="bench_migration.json")
+    ap.add_argument("--py-spy", type=float, default=0.0,
+                    help="seconds of py-spy samples of the daemon (engine and front ends): before the first move "
+                         "(at most --settle) and from its admin call on, beside --out (default: 0, off)")
     args = ap.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # thousands of client sockets
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

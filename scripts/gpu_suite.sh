@@ -3,7 +3,7 @@
 # the `cuda`-marked tests, the decoder benchmark, the live-migration benchmark and the load test.
 # Carries: .whl, the wheels the device image lacks, for its Python 3.12 (cffi: soundfile needs it):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_17_x86_64 \
-#     --platform manylinux_2_28_x86_64 --platform any -d .whl websockets soxr soundfile cffi pycparser
+#     --platform manylinux_2_28_x86_64 --platform any -d .whl websockets soxr soundfile cffi pycparser py-spy
 #   bash scripts/gpu_suite.sh [tests|bench|all|capacity|scale|migration|eos]
 # `capacity` (about 6.5 minutes, 4 files): the encoder-step `cuda` tests, then
 # scripts/bench_capacity.py (engine-only vs daemon end-to-end capacity of a random FastConformer-L,
@@ -26,7 +26,8 @@ status=0
 # The issue's acceptance levels: 4 bf16 <-> fp16 moves with 3000 streams at 160 ms and 6000 at
 # 1120 ms, 4 bf16 <-> fp32 moves with 1500 and 4500, and fp32 cuda:0 -> cpu -> cuda:0 with 16 streams
 # (tokens compared with an unmoved run). MIGRATION_SPECS="CHUNK:STREAMS:DTYPE:MOVE,MOVE ..." replaces
-# them; MIGRATION_TESTS=0 skips the migration tests before them; MIGRATION_WORKERS (front ends, 8), MIGRATION_SETTLE_S (10), MIGRATION_TIMEOUT_S (540 a run: at 3000 streams a move prepares 40-100 s, its captures paced; a level of four moves fills a call).
+# them; MIGRATION_TESTS=0 skips the migration tests before them; MIGRATION_WORKERS (front ends, 8), MIGRATION_SETTLE_S (10), MIGRATION_TIMEOUT_S (540 a run: at 3000 streams a move prepares 40-100 s, its captures paced; a level of four moves fills a call),
+# MIGRATION_PY_SPY (seconds of py-spy samples before the first move and from it on; 0, off).
 migration() {
   python3 -c "import sys; sys.path.insert(0, 'scripts'); from bench_migration import make_model; make_model('/tmp/fcl.pt', 1024)" || return 1
   local w=${MIGRATION_WORKERS:-8}
@@ -35,7 +36,7 @@ migration() {
               "160:16:fp32:cpu/fp32,cuda:0/fp32"}; do
     IFS=: read -r chunk n dtype moves <<< "$spec"
     timeout ${MIGRATION_TIMEOUT_S:-540} python3 scripts/bench_migration.py --model /tmp/fcl.pt --streams "$n" --chunk-ms "$chunk" \
-      --workers "$w" --start "cuda:0/$dtype" --moves "$moves" --settle ${MIGRATION_SETTLE_S:-10} \
+      --workers "$w" --start "cuda:0/$dtype" --moves "$moves" --settle ${MIGRATION_SETTLE_S:-10} --py-spy ${MIGRATION_PY_SPY:-0} \
       --out "$OUT/bench_migration-$chunk-$n-$dtype-${moves//[\/,:]/_}.json" 2>&1 | grep -v -e Warning -e _VF.lstm \
       | tee -a "$OUT/bench_migration.log" || status=1
   done

@@ -38,6 +38,7 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -260,6 +261,19 @@ def scrape(url: str) -> dict[str, float]:
             except ValueError:
                 pass
     return out
+
+
+def py_spy(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes] | None:
+    """Sample daemon process `pid` and its children (engine and front ends, every thread) for
+    `seconds` with py-spy, as raw collapsed stacks in `out` (its errors beside it, `.err`); None
+    when `seconds` is 0 or py-spy is not installed (on the GPU machine: /tmp/site/bin, from
+    the carried wheels)."""
+    exe = shutil.which("py-spy") or "/tmp/site/bin/py-spy"
+    if seconds <= 0 or not Path(exe).exists():
+        return None
+    return subprocess.Popen([exe, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "50",
+                             "--format", "raw", "--threads", "--subprocesses", "--nonblocking", "-o", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=open(out.with_suffix(".err"), "w"))
 
 
 def wait_idle(url: str, timeout: float = 60) -> None:
