@@ -122,7 +122,7 @@ def _end_recording(device: torch.device, handle: Any, recording: bool) -> None:
 def end_recording(device: torch.device, handle: Any) -> bool:
     """Stop the device allocator recording to the pool `handle` on `device`; False when it was
     not recording (torch already ended it)."""
-    end = getattr(torch._C, "_cuda_endAllocateToPool", None) or torch._C._cuda_endAllocateCurrentStreamToPool  # older torch
+    end = getattr(torch._C, "_cuda_endAllocateToPool", None) or getattr(torch._C, "_cuda_endAllocateCurrentStreamToPool")  # older torch
     try:
         end(_index(device), handle)
     except RuntimeError:  # "not currently recording to mempool_id"

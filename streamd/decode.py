@@ -69,7 +69,7 @@ def decode_files(files: Sequence[str], opts: DecodeOptions, out: TextIO | None =
             if f in errors:
                 failed += 1
                 err.write(f"streamd decode: {errors[f]}\n")
-                line = {"file": str(Path(f)), "error": errors[f]}
+                line: dict[str, object] = {"file": str(Path(f)), "error": errors[f]}
             else:
                 tokens, times = decoded[f]
                 line = {"file": str(Path(f)), "text": tok.decode(tokens), "tokens": tokens, "timestamps": times}

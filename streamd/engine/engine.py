@@ -89,6 +89,7 @@ class Engine:
         self._flight: deque[_Step] = deque()  # launched steps, oldest first (at most two)
         self._held: deque[Command] = deque()  # commands that wait until no step is in flight
         self._landed_at = 0.0  # when the last step's results were delivered (perf_counter)
+        self._last_landed: Launched | None = None  # the step before the one landing next, on the device
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -389,7 +390,9 @@ class Engine:
                     self._finish_if_done(s)
             self._flush()
             self.inbox.update_interest()
-            self.step_times.add(len(step.batch), step.launch_s, t2 - t1, time.perf_counter() - t2)
+            self.step_times.add(len(step.batch), step.launch_s, t2 - t1, time.perf_counter() - t2,
+                                step.launched.device_s(self._last_landed))
+            self._last_landed = step.launched
         if not self._flight and self._held:
             self.inbox.put_back(self._held)
             self._held = deque()

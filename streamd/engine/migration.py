@@ -234,10 +234,10 @@ def prepare_steps(rec: Recognizer, target: Transducer, sizes: list[tuple[list[in
     for enc_sizes, dec_sizes in sizes:
         enc = encoder_step.prepare(enc_sizes, rec.mel_window, rec.att_context, allowed, rec.kv_cache)
         dec = prepare(dec_sizes, allowed) if prepare is not None and dec_sizes else dec
-    enc_sizes = {b for group, _ in sizes for b in group}
-    dec_sizes = {b for _, group in sizes for b in group}
+    wanted_enc = {b for group, _ in sizes for b in group}
+    wanted_dec = {b for _, group in sizes for b in group}
     graphs = f"encoder {len(enc)}, decoder {len(dec)}" if enc or dec else ""
-    deferred = len(enc_sizes - set(enc)) + len(dec_sizes - set(dec)) if stopped else 0
+    deferred = len(wanted_enc - set(enc)) + len(wanted_dec - set(dec)) if stopped else 0
     if deferred:
         log.warning("migration: the graphs of %d batch sizes are left to their first step after the move "
                     "(%.0f%% of the GPU's memory kept free for serving)", deferred, MIN_FREE * 100)
@@ -268,12 +268,12 @@ def cut_over(rec: Recognizer, target: Transducer, staged: EncoderCache | None = 
     t2 = time.perf_counter()
     log.info("migration cut-over: state queued %.1f ms, synchronized %.1f ms (%d streams)",
              (t1 - t0) * 1000, (t2 - t1) * 1000, rec.active)
-    held = [source, source_steps]
+    held: list[object] = [source, source_steps]  # until released
+    device = source.device
 
     def release() -> None:
         if not held:
             return
-        device = held[0].device
         t = time.perf_counter()
         with DEVICE_LOCK:  # no capture runs while the source's graphs and pools go
             held.clear()

@@ -3,6 +3,8 @@ device and dtype names and their aliases are the configuration's (`config.normal
 `config.normalize_dtype`)."""
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from streamd.config import TORCH_DTYPE_NAMES, normalize_device, normalize_dtype
@@ -16,7 +18,7 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
         if name not in DTYPE_NAMES:
             raise ValueError(f"unsupported dtype {name}")
         return name
-    return getattr(torch, TORCH_DTYPE_NAMES[normalize_dtype(name)])  # type: ignore[no-any-return]
+    return cast(torch.dtype, getattr(torch, TORCH_DTYPE_NAMES[normalize_dtype(name)]))
 
 
 def parse_device(name: str) -> torch.device:

@@ -248,8 +248,10 @@ class Recognizer:
         next launch, queued behind this one) and launch further steps (their work queues behind
         this one's on the device; collect them in launch order)."""
         cache, dec = self.state_tensors()
+        started = _event(cache.channel.device)  # before the step's first device work
         self._reset_fresh(cache, dec)
-        return Launched(self, [self._launch_part(streams[a:b], cache, dec) for a, b in self._parts(len(streams))])
+        return Launched(self, [self._launch_part(streams[a:b], cache, dec) for a, b in self._parts(len(streams))],
+                        cache.channel.device, started)
 
     def _launch_part(self, streams: list[Stream], cache: EncoderCache, dec: DecoderState) -> _Part:
         """Queue one part's features, windows, encoder step and decoder; the rows are independent
@@ -364,19 +366,32 @@ class _Part:
         self.streams = streams
         device = enc_len.device
         outputs = [hyps.labels, hyps.times, hyps.lengths, enc_len]
-        self.done: torch.cuda.Event | None = None
         if device.type == "cuda":
             outputs = [_host(device, tuple(t.shape), t.dtype).copy_(t, non_blocking=True) for t in outputs]
-            self.done = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            self.done.record(torch.cuda.current_stream(device))
+        self.done = _event(device)  # after the copies (None off CUDA)
         self.host = outputs  # on the host (once `done` has happened)
 
 
 class Launched:
-    """A step queued on the model's device, in one or more parts; `collect` waits for them, once."""
+    """A step queued on the model's device, in one or more parts; `collect` waits for them, once.
+    On CUDA, `started` and `ended` are timing events before its first and after its last work."""
 
-    def __init__(self, rec: Recognizer, parts: list[_Part]) -> None:
-        self._rec, self._parts = rec, parts
+    def __init__(self, rec: Recognizer, parts: list[_Part], device: torch.device,
+                 started: torch.cuda.Event | None = None) -> None:
+        self._rec, self._parts, self.device = rec, parts, device
+        self.started = started
+        self.ended = parts[-1].done if parts else None
+
+    def device_s(self, previous: Launched | None) -> float | None:
+        """Seconds the device spent on this step (once collected): from its start, or from the
+        end of `previous` (the step before it on the device) if that was later, to its end.
+        None off CUDA, or when the two steps ran on different devices (a migration between)."""
+        if self.started is None or self.ended is None:
+            return None
+        span = self.started.elapsed_time(self.ended)
+        if previous is not None and previous.ended is not None and previous.device == self.device:
+            span = min(span, previous.ended.elapsed_time(self.ended))
+        return max(0.0, span) / 1e3
 
     def done(self) -> bool:
         """Whether the device has finished the step (`collect` would not wait)."""
@@ -406,6 +421,15 @@ def _layout(taken: np.ndarray, news: list[int], slots: list[int], w: int, k: int
     src = col - lead + PRE_ENCODE_CACHE  # window column -> column of [tail | new]
     out[:, 4: 4 + w] = np.where((col >= lead - tail) & (col < lead + new), src, PRE_ENCODE_CACHE + k)
     out[:, 4 + w:] = new + np.arange(PRE_ENCODE_CACHE, dtype=np.int64)[None]
+
+
+def _event(device: torch.device) -> torch.cuda.Event | None:
+    """A timing event recorded now on `device`'s current stream (None off CUDA)."""
+    if device.type != "cuda":
+        return None
+    event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    event.record(torch.cuda.current_stream(device))
+    return event
 
 
 def _host(device: torch.device, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:

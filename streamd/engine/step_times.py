@@ -12,7 +12,9 @@ log = logging.getLogger("streamd.engine")
 class StepTimes:
     """Where the engine thread's time went since the last report (logged every `every_s`): each
     step's launch (host work: features, window layout, queuing the GPU work), the wait for the
-    device (spent serving the front ends), and the results (read back, delivered)."""
+    device (spent serving the front ends), and the results (read back, delivered); on a GPU also
+    how long the device itself worked on the steps (`Launched.device_s`), which says whether
+    the GPU or the engine thread is what limits the steps."""
 
     every_s: float = 10.0
     steps: int = 0
@@ -20,14 +22,20 @@ class StepTimes:
     launch_s: float = 0.0
     device_s: float = 0.0
     results_s: float = 0.0
+    gpu_s: float = 0.0  # the device's own time on the steps that measured it
+    gpu_steps: int = 0
     since: float = field(default_factory=time.perf_counter)
 
-    def add(self, batch: int, launch_s: float, device_s: float, results_s: float) -> None:
+    def add(self, batch: int, launch_s: float, device_s: float, results_s: float,
+            gpu_s: float | None = None) -> None:
         self.steps += 1
         self.streams += batch
         self.launch_s += launch_s
         self.device_s += device_s
         self.results_s += results_s
+        if gpu_s is not None:
+            self.gpu_s += gpu_s
+            self.gpu_steps += 1
         now = time.perf_counter()
         if now - self.since >= self.every_s:
             wall, n = now - self.since, self.steps
@@ -36,6 +44,9 @@ class StepTimes:
                      "(serving the front ends) %.1f ms, results %.1f ms; %.0f %% of the time between steps",
                      n, wall, self.streams / n, 1e3 * self.launch_s / n, 1e3 * self.device_s / n,
                      1e3 * self.results_s / n, 100 * max(0.0, 1 - busy / wall))
-            self.steps = self.streams = 0
-            self.launch_s = self.device_s = self.results_s = 0.0
+            if self.gpu_steps:
+                log.info("engine: the GPU worked %.1f ms a step (%.1f us a stream), %.0f %% of the time",
+                         1e3 * self.gpu_s / self.gpu_steps, 1e6 * self.gpu_s / self.streams, 100 * self.gpu_s / wall)
+            self.steps = self.streams = self.gpu_steps = 0
+            self.launch_s = self.device_s = self.results_s = self.gpu_s = 0.0
             self.since = now

@@ -187,7 +187,45 @@ def test_step_times_report_where_the_engine_thread_went(caplog: pytest.LogCaptur
     line = caplog.records[-1].getMessage()
     assert "2 steps" in line and "mean batch 200" in line and "launch 20.0 ms" in line
     assert "(serving the front ends) 30.0 ms" in line and "results 10.0 ms" in line
+    assert not any("GPU" in r.getMessage() for r in caplog.records)  # no step measured the device
     assert times.steps == 0 and times.launch_s == 0.0
+
+
+def test_step_times_report_the_gpus_own_time_when_steps_measured_it(caplog: pytest.LogCaptureFixture) -> None:
+    times = StepTimes(every_s=3600.0)
+    times.add(100, 0.010, 0.020, 0.005, gpu_s=0.030)
+    times.add(100, 0.010, 0.020, 0.005, gpu_s=None)  # e.g. the first step after a migration
+    times.every_s = 0.0
+    with caplog.at_level(logging.INFO, logger="streamd.engine"):
+        times.add(200, 0.010, 0.020, 0.005, gpu_s=0.050)
+    gpu = caplog.records[-1].getMessage()
+    assert "the GPU worked 40.0 ms a step" in gpu and "(200.0 us a stream)" in gpu  # 80 ms over 400 streams
+    assert times.gpu_s == 0.0 and times.gpu_steps == 0
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_a_launched_step_says_how_long_the_device_worked_on_it(device: str) -> None:
+    """On CUDA a collected step gives the device's time on it: positive, at most the wall time
+    from its launch to its collection, and no more when the step before it on the device ended
+    later than it started; off CUDA there is nothing to measure (None)."""
+    import time
+
+    rec = Recognizer(random_model().to(device), capacity=4)
+    streams = [rec.open() for _ in range(4)]
+    for s in streams:
+        s.push_audio(np.random.default_rng(0).standard_normal(16000 * 4).astype(np.float32) * 0.1)
+    t0 = time.perf_counter()
+    first = rec.launch(streams)
+    second = rec.launch([s for s in streams if s.ready])
+    first.collect(), second.collect()
+    wall = time.perf_counter() - t0
+    if device == "cpu":
+        assert first.device_s(None) is None and second.device_s(first) is None
+        return
+    alone, after = first.device_s(None), second.device_s(first)
+    assert alone is not None and after is not None
+    assert 0 < alone <= wall and 0 < after <= wall
+    assert after <= second.device_s(None)  # type: ignore[operator]  # queued behind `first`: counted from its end
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
@@ -267,6 +305,9 @@ def test_named_jobs_do_not_drain_the_steps_in_flight() -> None:
 
         def collect(self) -> object:
             return self.launched.collect()  # type: ignore[attr-defined]
+
+        def device_s(self, previous: object) -> None:
+            return None
 
     rec.launch = lambda streams: SlowStep(real_launch(streams))  # type: ignore[method-assign, assignment, return-value]
     engine = Engine(rec, max_batch=2, batch_wait_s=0.0, pipeline=True)
