@@ -147,7 +147,8 @@ async def handshake(endpoint: str, cafile: str | None, open_timeout: float, toke
     except InvalidStatus as e:
         response = e.response
         if response.status_code == HTTPStatus.SERVICE_UNAVAILABLE:
-            raise ServerBusy(float(response.headers.get("Retry-After", "1")), bytes(response.body)) from None
+            raise ServerBusy(float(response.headers.get("Retry-After", "1")),
+                             bytes(response.body) if response.body is not None else None) from None
         if response.status_code in HANDSHAKE_REFUSALS:
             code, why = HANDSHAKE_REFUSALS[response.status_code]
             if response.status_code == HTTPStatus.UNAUTHORIZED and token:
