@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from streamd.decoding.greedy import BatchedHyps  # noqa: E402
 from streamd.engine.recognizer import Recognizer  # noqa: E402
 from streamd.model.checkpoint import load_model  # noqa: E402
-from streamd.server.channel import _frame, _load  # noqa: E402
+from streamd.server.channel import HEADER, _frame, _load  # noqa: E402
 from streamd.server.link import Results, StreamAudio  # noqa: E402
 
 CHUNK_RC = {80: 0, 160: 1, 560: 6, 1120: 13}
@@ -107,8 +107,8 @@ def main() -> None:
         for ids in fronts:
             for j in range(0, chunk, piece):
                 a = audio[base + j: base + min(j + piece, chunk)]
-                parts = [bytes(p) for p in _frame(StreamAudio(ids, [a.size] * len(ids), np.tile(a, len(ids))))]
-                out.append((bytearray(b"".join(parts)[16:]), int.from_bytes(parts[0][8:16], "big")))
+                frame = b"".join(_frame(StreamAudio(ids, [a.size] * len(ids), np.tile(a, len(ids)))))
+                out.append((bytearray(frame[HEADER.size:]), HEADER.unpack_from(frame)[1]))
         return out
 
     def step(k: int) -> float:

@@ -271,9 +271,10 @@ def py_spy(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes] | Non
     exe = shutil.which("py-spy") or "/tmp/site/bin/py-spy"
     if seconds <= 0 or not Path(exe).exists():
         return None
-    return subprocess.Popen([exe, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "50",
-                             "--format", "raw", "--threads", "--subprocesses", "--nonblocking", "-o", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=open(out.with_suffix(".err"), "w"))
+    with open(out.with_suffix(".err"), "w") as err:  # the child keeps its own copy
+        return subprocess.Popen([exe, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "50",
+                                 "--format", "raw", "--threads", "--subprocesses", "--nonblocking", "-o", str(out)],
+                                stdout=subprocess.DEVNULL, stderr=err)
 
 
 def wait_idle(url: str, timeout: float = 60) -> None:
