@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -14,7 +15,10 @@ class StepTimes:
     step's launch (host work: features, window layout, queuing the GPU work), the wait for the
     device (spent serving the front ends), and the results (read back, delivered); on a GPU also
     how long the device itself worked on the steps (`Launched.device_s`), which says whether
-    the GPU or the engine thread is what limits the steps."""
+    the GPU or the engine thread is what limits the steps; and how much of the wall time the
+    engine thread actually ran on a CPU (`time.thread_time`, so `add` must be called on that
+    thread): less than its launch and results took means it waited for the GIL or for a core
+    meanwhile (the host's load average says whether its cores were all taken)."""
 
     every_s: float = 10.0
     steps: int = 0
@@ -25,9 +29,12 @@ class StepTimes:
     gpu_s: float = 0.0  # the device's own time on the steps that measured it
     gpu_steps: int = 0
     since: float = field(default_factory=time.perf_counter)
+    cpu_since: float | None = None  # the engine thread's CPU time at the window's start (set by `add`)
 
     def add(self, batch: int, launch_s: float, device_s: float, results_s: float,
             gpu_s: float | None = None) -> None:
+        if self.cpu_since is None:
+            self.cpu_since = time.thread_time()
         self.steps += 1
         self.streams += batch
         self.launch_s += launch_s
@@ -44,9 +51,20 @@ class StepTimes:
                      "(serving the front ends) %.1f ms, results %.1f ms; %.0f %% of the time between steps",
                      n, wall, self.streams / n, 1e3 * self.launch_s / n, 1e3 * self.device_s / n,
                      1e3 * self.results_s / n, 100 * max(0.0, 1 - busy / wall))
+            cpu = time.thread_time()
+            log.info("engine: the engine thread ran on a CPU %.0f %% of the time (launching and delivering "
+                     "took %.0f %%, serving the front ends some of the rest); load average %.1f on %d CPUs",
+                     100 * (cpu - self.cpu_since) / wall, 100 * (self.launch_s + self.results_s) / wall,
+                     os.getloadavg()[0], _cpus())
+            self.cpu_since = cpu
             if self.gpu_steps:
                 log.info("engine: the GPU worked %.1f ms a step (%.1f us a stream), %.0f %% of the time",
                          1e3 * self.gpu_s / self.gpu_steps, 1e6 * self.gpu_s / self.streams, 100 * self.gpu_s / wall)
             self.steps = self.streams = self.gpu_steps = 0
             self.launch_s = self.device_s = self.results_s = self.gpu_s = 0.0
             self.since = now
+
+
+def _cpus() -> int:
+    """CPUs this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
