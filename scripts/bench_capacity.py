@@ -498,6 +498,7 @@ def daemon_capacity(model_path: Path, item: Item, guess: int, args: argparse.Nam
                          log_path=args.out.parent / f"daemon-{item.chunk_ms}ms-{item.dtype}.log")
     audios = [load.tone_bursts(seed=s) for s in range(4)]
     ns = argparse.Namespace(**vars(args))
+    restore = load.keep_off(daemon.thread_cpu)  # `--daemon-args "--thread-cpu N"`: the clients keep off it
     pool = ProcessPoolExecutor(args.client_procs, mp_context=get_context("spawn"))
     try:
         url = daemon.wait_serving(timeout=max(30.0, deadline - time.monotonic()))
@@ -526,6 +527,7 @@ def daemon_capacity(model_path: Path, item: Item, guess: int, args: argparse.Nam
                 "wall_s": round(time.monotonic() - t_begin, 1)}
     finally:
         pool.shutdown()
+        restore()
         code = daemon.stop()
         if code not in (0, None):
             print(f"  daemon exit code {code}; last log lines:\n    " + "\n    ".join(daemon.log), flush=True)

@@ -199,8 +199,10 @@ def run_daemon(args: argparse.Namespace, model: Path, moves: list[str], tag: str
     daemon = load.Daemon(str(model), device, dtype, args.streams + 8,
                          ["--right-context", str(CHUNK_RC[args.chunk_ms]), "--workers", str(args.workers),
                           "--admission", "max_streams", "--batch-wait-ms", str(args.batch_wait_ms),
-                          "--admin-socket", str(sock)],
+                          "--admin-socket", str(sock), *(["--thread-cpu", str(args.thread_cpu)]
+                                                         if args.thread_cpu is not None else [])],
                          log_path=Path(args.out).with_suffix(f".{tag}.daemon.log"))
+    restore = load.keep_off(daemon.thread_cpu)  # the client processes, started from here
     procs = max(1, min(args.client_procs, args.streams))
     pool = ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("spawn"))
     reports: list[dict[str, Any]] = []
@@ -247,6 +249,7 @@ def run_daemon(args: argparse.Namespace, model: Path, moves: list[str], tag: str
                 spy.wait()
     finally:
         pool.shutdown()
+        restore()
         code = daemon.stop()
         if code not in (0, None):
             print(f"  daemon exit code {code}; last log lines:\n    " + "\n    ".join(daemon.log), flush=True)
@@ -317,6 +320,8 @@ def main() -> None:
     ap.add_argument("--model", default="", help="a streamd checkpoint (default: a random FastConformer-L)")
     ap.add_argument("--vocab", type=int, default=1024)
     ap.add_argument("--client-procs", type=int, default=8, help="processes the client streams run in")
+    ap.add_argument("--thread-cpu", type=int, default=None,
+                    help="`serve --thread-cpu`: the daemon's engine thread alone on this CPU, the clients off it")
     ap.add_argument("--out", default="bench_migration.json")
     ap.add_argument("--py-spy", type=float, default=0.0,
                     help="seconds of py-spy samples of the daemon (engine and front ends): before the first move "

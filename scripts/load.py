@@ -46,6 +46,7 @@ import threading
 import time
 import urllib.request
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from multiprocessing import get_context
@@ -210,6 +211,8 @@ class Daemon:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, text=True, errors="replace")
+        # the CPU the daemon keeps for its engine thread (`--thread-cpu`): see `keep_off`
+        self.thread_cpu = int(extra[extra.index("--thread-cpu") + 1]) if "--thread-cpu" in extra else None
         self.log: deque[str] = deque(maxlen=40)
         self.log_file = open(log_path, "w") if log_path is not None else None  # every line
         self.url = ""
@@ -275,6 +278,17 @@ def py_spy(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes] | Non
         return subprocess.Popen([exe, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "50",
                                  "--format", "raw", "--threads", "--subprocesses", "--nonblocking", "-o", str(out)],
                                 stdout=subprocess.DEVNULL, stderr=err)
+
+
+def keep_off(cpu: int | None) -> Callable[[], None]:
+    """From now on the calling thread, and the client processes it starts, keep off `cpu` (the
+    daemon's engine CPU, `serve --thread-cpu`: clients stand for users on other machines and must
+    not take the core the daemon reserved); returns what restores it. None: nothing changes."""
+    if cpu is None or not hasattr(os, "sched_setaffinity"):
+        return lambda: None
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, allowed - {cpu})
+    return lambda: os.sched_setaffinity(0, allowed)
 
 
 def wait_idle(url: str, timeout: float = 60) -> None:
@@ -425,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.model:
         daemon = Daemon(args.model, args.device, args.dtype, args.max_streams, shlex.split(args.daemon_args))
         print(f"starting streamd serve --model {args.model} --device {args.device} --dtype {args.dtype} ...", flush=True)
+    keep_off(daemon.thread_cpu if daemon else None)  # for the client processes (this process ends with them)
     pool = (ProcessPoolExecutor(args.client_procs, mp_context=get_context("spawn"))
             if args.client_procs > 1 else None)
     t_begin = time.time()

@@ -156,6 +156,7 @@ class EngineConfig:
     right_context: int | None = None
     batch_wait_ms: int = 10
     gil_switch_ms: float = 0.5
+    thread_cpu: int | None = None
     cuda_graphs: str = "on"
 
     def __post_init__(self) -> None:
@@ -170,6 +171,8 @@ class EngineConfig:
         _require(0.01 <= self.gil_switch_ms <= 100, "engine.gil_switch_ms", "must be in 0.01..100",
                  self.gil_switch_ms)
         _require(self.cuda_graphs in ("on", "off"), "engine.cuda_graphs", "must be on or off", self.cuda_graphs)
+        _require(self.thread_cpu is None or self.thread_cpu >= 0, "engine.thread_cpu", "must not be negative",
+                 self.thread_cpu)
 
     @property
     def torch_dtype(self) -> str:
@@ -411,6 +414,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("engine", "batch_wait_ms", _to_int, "how long a decode step waits for more streams"),
     Setting("engine", "gil_switch_ms", _to_float,
             "Python's thread switch interval: the longest the engine waits for the GIL per torch call"),
+    Setting("engine", "thread_cpu", _to_optional_int,
+            "a CPU for the engine thread alone while the model is on a GPU (the front ends and the daemon's "
+            "other threads keep off it)", "none: every thread may use every CPU"),
     Setting("engine", "cuda_graphs", _to_str,
             "on: encoder and decoder steps replay CUDA graphs on a GPU; off: always eager", choices=("on", "off")),
     Setting("endpointing", "silence_after_speech_ms", _to_int,

@@ -150,6 +150,7 @@ def test_optional_values_can_be_cleared_with_empty_string() -> None:
     (("--batch-wait-ms", "5000"), {}, r"engine\.batch_wait_ms must be in 0\.\.1000"),
     (("--right-context", "-1"), {}, r"engine\.right_context must not be negative"),
     (("--cuda-graphs", "maybe"), {}, r"engine\.cuda_graphs must be on or off"),
+    (("--thread-cpu", "-1"), {}, r"engine\.thread_cpu must not be negative"),
     (("--silence-after-speech-ms", "-5"), {}, r"endpointing\.silence_after_speech_ms must be in"),
     (("--log-level", "loud"), {}, r"log\.level must be one of"),
     (("--log-format", "xml"), {}, r"log\.format must be text or json"),

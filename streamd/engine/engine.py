@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from streamd.engine.cpus import ThreadCpu
 from streamd.engine.inbox import (HELD, Audio, Call, Close, Command, End, Inbox, IoSource, Open, Outlet, Send,
                                   Stop, StreamCommand, Unwatch, Watch)
 from streamd.engine.migration import MigrationReport, PreparedSteps, cut_over, migrate
@@ -68,14 +69,19 @@ class Engine:
     `gil_switch_s`: the process's thread switch interval from `start` on (None: as it is). The
     engine thread re-takes the GIL after every torch call; while the event loop runs Python, each
     re-take waits up to this interval (CPython's default, 5 ms, made a busy daemon's steps many
-    times slower)."""
+    times slower).
+
+    `thread_cpu`: a CPU for the engine thread alone while the model is on a GPU; from `start` to
+    `stop` the starting thread (and the threads and processes it starts meanwhile: the front
+    ends) keeps off it (`engine/cpus.py`). None: every thread may use every CPU."""
 
     def __init__(self, recognizer: Recognizer, max_batch: int, batch_wait_s: float,
                  on_step: StepObserver | None = None, pipeline: bool | None = None,
-                 gil_switch_s: float | None = None) -> None:
+                 gil_switch_s: float | None = None, thread_cpu: int | None = None) -> None:
         self.recognizer = recognizer
         self.max_batch, self.batch_wait_s = max_batch, batch_wait_s
         self.pipeline, self.gil_switch_s = pipeline, gil_switch_s
+        self._cpu = ThreadCpu(thread_cpu) if thread_cpu is not None else None
         self._on_step = on_step
         self.inbox = Inbox()
         self._ids = itertools.count()  # engine stream ids
@@ -104,6 +110,8 @@ class Engine:
     def start(self) -> None:
         if self.gil_switch_s is not None:
             sys.setswitchinterval(self.gil_switch_s)
+        if self._cpu is not None:
+            self._cpu.keep_off()
         self._loop = asyncio.get_running_loop()
         self._thread = threading.Thread(target=self._run, name="streamd-engine", daemon=True)
         self._thread.start()
@@ -112,6 +120,8 @@ class Engine:
         self._post(Stop())
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
+        if self._cpu is not None:
+            self._cpu.restore()
 
     @property
     def status(self) -> EngineStatus:
@@ -143,6 +153,8 @@ class Engine:
         future of the next landing (None: no stream waits for a step), and the source's `release`."""
         paused = time.perf_counter()
         pause_ms, streams, release = cut_over(rec, target, staged, steps)
+        if self._cpu is not None:
+            self._cpu.place(target.device.type)
         if steps.deferred:  # the first steps capture graphs: they need the source's memory
             release()
         landed: Future[float] | None = None
@@ -224,6 +236,8 @@ class Engine:
 
     # -- engine thread -------------------------------------------------------------------------
     def _run(self) -> None:
+        if self._cpu is not None:
+            self._cpu.place(self.recognizer.model.device.type)
         try:
             self._serve()
         finally:
