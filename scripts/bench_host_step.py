@@ -6,7 +6,8 @@ the engine thread: queuing audio, the batch's sample rows, window layout, result
 this work is what the daemon's engine thread spends on launching steps (issue 13). On a CPU the
 step's few batched torch calls (pre-emphasis; window assembly: `cat`, `gather`) also run on the
 host, on fresh (unpinned) buffers, and are counted: `--profile` separates them from the
-per-stream work.
+per-stream work, and `--queued-only` replaces them by no-ops too (what is left is the engine
+thread's share of a step on a GPU, where they are only queued).
 
 `--front-ends N` adds the daemon's channel work on the engine thread: each piece arrives in a
 `StreamAudio` message of one of N front ends (read from its frame: `channel._load`, cut by
@@ -17,6 +18,7 @@ timed.
     python scripts/bench_host_step.py --streams 2000 --chunk-ms 160 --piece-ms 100
     python scripts/bench_host_step.py --streams 2000 --chunk-ms 1120 --piece-ms 100 --profile
     python scripts/bench_host_step.py --streams 3000 --chunk-ms 160 --piece-ms 160 --front-ends 8
+    python scripts/bench_host_step.py --streams 3000 --chunk-ms 160 --piece-ms 160 --front-ends 8 --queued-only
 """
 from __future__ import annotations
 
@@ -72,6 +74,9 @@ def main() -> None:
     ap.add_argument("--piece-ms", type=int, default=100, help="audio per pushed piece (a client message)")
     ap.add_argument("--front-ends", type=int, default=0,
                     help="route audio and results through N front ends' channel messages (0: direct)")
+    ap.add_argument("--queued-only", action="store_true",
+                    help="also replace the step's batched torch work (pre-emphasis, frames, windows) by no-ops: "
+                         "on a GPU it is queued, not computed, so what is left is the engine thread's share there")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--profile", action="store_true", help="also print cProfile's top functions")
     args = ap.parse_args()
@@ -90,6 +95,11 @@ def main() -> None:
     rec.search = _NoSearch(rec.search)  # type: ignore[assignment]
     no_frames = _NoFrames(rec._logmel)
     rec._feature_maker = lambda device: no_frames  # type: ignore[assignment, method-assign, return-value]
+    if args.queued_only:
+        n_mels, w = rec.mel_window
+        rec._frames = lambda samples, real_host, real, device: torch.empty(  # type: ignore[method-assign]
+            samples.shape[0], n_mels, 0)
+        rec._windows = lambda frames, rows, index: torch.empty(frames.shape[0], n_mels, w)  # type: ignore[method-assign]
     streams = [rec.open() for _ in range(args.streams)]
     rate = m.dims.features.sample_rate
     chunk, piece = rate * args.chunk_ms // 1000, rate * args.piece_ms // 1000
@@ -141,6 +151,7 @@ def main() -> None:
     times = [step(k) for k in range(3, 3 + args.steps)]
     ms = 1000 * float(np.median(times))
     via = f", through {args.front_ends} front ends' messages" if fronts else ""
+    via += ", batched torch work replaced by no-ops" if args.queued_only else ""
     print(f"{args.streams} streams, {args.chunk_ms} ms chunks, {args.piece_ms} ms pieces{via}: host step {ms:.1f} ms "
           f"median of {args.steps}, {1000 * ms / args.streams:.1f} us a stream")
     if args.profile:

@@ -22,17 +22,20 @@ from streamd.engine.types import ChunkGeometry
 from streamd.model.dims import PRE_ENCODE_CACHE
 
 
-@dataclass
+@dataclass(slots=True)
 class Stream:
     """Audio and frame bookkeeping of one stream; the engine owns its slot in the batched state
     (encoder and decoder state, and its last encoded mel frames).
 
-    Samples live in `row` (the slot's row of the recognizer's sample array): row[c] is sample
-    `origin + c` of the padded signal, which has zeros before sample 0 (the offline STFT's centre
-    padding, and the zero pre-emphasis reads before the first sample). Pieces that do not fit
-    yet wait in `raw`. Everything here is numpy: the engine thread must not spend a GIL release
-    and re-acquire (a torch call) per stream, or a busy event loop stalls it (see
-    `Recognizer.launch`)."""
+    Samples live in `row` (the slot's row of the recognizer's sample array), used as a ring:
+    position q of the padded signal (which has `half_window + 1` zeros before sample 0: the
+    offline STFT's centre padding and the zero pre-emphasis reads before the first sample; q = 0
+    is the first of them) is row[q % M]. Nothing is ever moved: a piece is written once, a step
+    copies its samples out once (`take`, in at most two slices). The next step's first sample
+    is at q = frames_taken * hop; everything before it may be overwritten, so a piece that does
+    not fit in the rest of the ring waits in `raw` until a step has made room. Everything here is
+    numpy: the engine thread must not spend a GIL release and re-acquire (a torch call) per
+    stream, or a busy event loop stalls it (see `Recognizer.launch`)."""
 
     slot: int
     row: np.ndarray  # (M,) float32
@@ -46,30 +49,27 @@ class Stream:
     raw: list[np.ndarray] = field(default_factory=list)  # audio not in `row` yet, in order
     samples: int = 0  # samples pushed so far
     frames_taken: int = 0  # mel frames consumed by steps
+    need: int = 0  # new mel frames the next full step takes (`ChunkGeometry.new_frames`)
     full_at: int = 0  # samples that make the next full chunk (see `push_audio`)
-    origin: int = 0  # padded-signal index of row[0]
-    filled: int = 0  # row[:filled] holds samples (or the leading zeros)
+    written: int = 0  # padded-signal positions written into `row` (the leading zeros, then samples)
 
     @classmethod
     def new(cls, slot: int, row: np.ndarray, geometry: ChunkGeometry) -> Stream:
         """A stream in a (reused) slot's row: its leading zeros are written here."""
         lead = geometry.half_window + 1
         row[:lead] = 0.0
-        stream = cls(slot, row, geometry, origin=-lead, filled=lead)
-        stream.full_at = stream._samples_for_next_chunk()
+        stream = cls(slot, row, geometry, need=geometry.new_frames(True), written=lead)
+        stream.full_at = geometry.samples_for(stream.need)
         return stream
 
     def push_audio(self, samples: np.ndarray) -> bool:
         """samples: (n,) float32 mono at the model's sample rate, copied into the stream's row (or
         queued, when it does not fit yet). Returns whether a full chunk is pending now (`ready`,
-        in two comparisons: the engine asks per piece)."""
+        in one comparison: the engine asks per piece)."""
         n = samples.size
         if n:
-            if not self.raw and self.filled + n > self.row.size:  # drop what no step needs any more
-                self._compact(self.frames_taken * self.geometry.hop - self.geometry.half_window - 1)
-            if not self.raw and self.filled + n <= self.row.size:
-                self.row[self.filled: self.filled + n] = samples
-                self.filled += n
+            if not self.raw and self.written + n - self.frames_taken * self.geometry.hop <= self.row.size:
+                self._write(samples)
             else:
                 self.raw.append(samples)
             self.samples += n
@@ -80,10 +80,6 @@ class Stream:
         self.ended = True
 
     @property
-    def need(self) -> int:
-        return self.geometry.new_frames(self.steps == 0)
-
-    @property
     def frames_left(self) -> int:
         """Mel frames that exist (or will, once computed) and no step has taken yet."""
         return self.geometry.frames_for(self.samples, self.ended) - self.frames_taken
@@ -91,8 +87,9 @@ class Stream:
     @property
     def ready(self) -> bool:
         """A step can run: a full chunk is pending, or the stream ended with frames left."""
-        n = self.frames_left
-        return n >= self.need or (self.ended and n > 0)
+        if not self.ended:
+            return self.samples >= self.full_at  # frames_left >= need, without counting frames
+        return self.frames_left > 0
 
     @property
     def finished(self) -> bool:
@@ -103,6 +100,8 @@ class Stream:
 
         Only up to the next step's frames: a client that sends far ahead of real time must not
         make one step (and every other stream's results) wait for its whole backlog."""
+        if not self.ended and self.samples >= self.full_at:
+            return self.need
         return min(self.need, self.frames_left)
 
     def take(self, new: int, out: np.ndarray) -> tuple[int, int, int]:
@@ -112,47 +111,51 @@ class Stream:
         column `lead`, the new frames start there (columns before `lead - tail` are zero: the
         causal zero padding); and how many of the copied samples are the signal's (`real`; the
         rest, past its end, count as zeros)."""
-        g = self.geometry
-        need = self.need
+        g, need = self.geometry, self.need
         if new > need or new < 1:
             raise ValueError(f"a step takes 1 to {need} frames, not {new}")
-        lo = self.frames_taken * g.hop - g.half_window - 1  # padded-signal index of out[0]
-        size = g.segment_samples(new)
-        if self.raw or lo - self.origin + size > self.row.size:
-            self._hold(lo, size)
-        at = lo - self.origin
-        out[:size] = self.row[at: at + size]
+        q = self.frames_taken * g.hop  # ring position of out[0]
+        size = (new - 1) * g.hop + 2 * g.half_window + 1  # g.segment_samples(new)
+        if self.raw:
+            self._fill(q)
+        m = self.row.size
+        at = q % m
+        if at + size <= m:
+            out[:size] = self.row[at: at + size]
+        else:  # wraps around the ring's end
+            out[: m - at] = self.row[at:]
+            out[m - at: size] = self.row[: size - (m - at)]
         tail = min(self.frames_taken, PRE_ENCODE_CACHE)
         self.frames_taken += new
         self.steps += 1
-        self.full_at = self._samples_for_next_chunk()
-        return g.window - need, tail, size if not self.ended else min(size, self.samples - lo)
+        self.need = g.new_frames(False)
+        self.full_at = g.samples_for(self.frames_taken + self.need)
+        # q - lead is the padded-signal index of out[0] (sample 0 is at q = lead)
+        real = size if not self.ended else min(size, self.samples - q + g.half_window + 1)
+        return g.window - need, tail, real
 
-    def _compact(self, keep_from: int) -> None:
-        """Drop the row's samples before padded-signal index `keep_from`."""
-        shift = keep_from - self.origin
-        if shift > 0:
-            self.row[: self.filled - shift] = self.row[shift: self.filled]
-            self.origin, self.filled = keep_from, self.filled - shift
+    def _write(self, samples: np.ndarray) -> None:
+        """Append samples to the ring (the caller checked that they fit)."""
+        m, n = self.row.size, samples.size
+        at = self.written % m
+        if at + n <= m:
+            self.row[at: at + n] = samples
+        else:
+            self.row[at:] = samples[: m - at]
+            self.row[: n - (m - at)] = samples[m - at:]
+        self.written += n
 
-    def _hold(self, lo: int, size: int) -> None:
-        """Make row cover padded samples [lo, lo + size) (those past the signal's end may be
-        stale: `take` says how many are real): drop what precedes `lo` if it does not fit, then
-        move queued pieces in."""
-        if lo - self.origin + size > self.row.size:
-            self._compact(lo)
-        while self.raw and self.filled < self.row.size:
+    def _fill(self, q: int) -> None:
+        """Move queued pieces into the ring as far as they fit, keeping positions from q on
+        (those past the signal's end may then be stale: `take` says how many are real)."""
+        room = self.row.size - (self.written - q)
+        while self.raw and room > 0:
             piece = self.raw[0]
-            room = self.row.size - self.filled
             if piece.size > room:
-                self.row[self.filled:] = piece[:room]
+                self._write(piece[:room])
                 self.raw[0] = piece[room:]
-                self.filled += room
+                room = 0
             else:
-                self.row[self.filled: self.filled + piece.size] = piece
-                self.filled += piece.size
+                self._write(piece)
+                room -= piece.size
                 self.raw.pop(0)
-
-    def _samples_for_next_chunk(self) -> int:
-        """Samples pushed at which the next step's frames all exist (before the end)."""
-        return self.geometry.samples_for(self.frames_taken + self.need)

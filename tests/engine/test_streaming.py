@@ -254,9 +254,9 @@ def test_the_after_start_row_is_made_once_per_weights() -> None:
 @pytest.mark.parametrize("right", [0, 1, 13])
 def test_a_stream_takes_exactly_the_padded_signal_whatever_its_pieces(right: int) -> None:
     """`Stream.take` copies each step's samples (one before the first window, then the windows)
-    from the slot's row: equal to the offline padded signal for any piece sizes, with a row so
-    small that it is compacted and pieces wait in the stream; at the end, the samples past the
-    signal are not counted as real."""
+    from the slot's row (a ring): equal to the offline padded signal for any piece sizes, with a
+    row so small that steps wrap around its end and pieces wait in the stream; at the end, the
+    samples past the signal are not counted as real."""
     from streamd.engine.stream import Stream
     from streamd.engine.types import ChunkGeometry
 
