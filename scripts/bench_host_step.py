@@ -35,7 +35,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from streamd.decoding.greedy import BatchedHyps  # noqa: E402
+from streamd.engine.engine import Engine  # noqa: E402
 from streamd.engine.recognizer import Recognizer  # noqa: E402
+from streamd.engine.types import EngineSession  # noqa: E402
 from streamd.model.checkpoint import load_model  # noqa: E402
 from streamd.server.channel import HEADER, _frame, _load  # noqa: E402
 from streamd.server.link import Results, StreamAudio  # noqa: E402
@@ -54,6 +56,20 @@ class _NoFrames:
         return torch.zeros(padded.shape[0], self.dims.n_mels, (padded.shape[1] - self.dims.n_fft) // self.dims.hop_length + 1)
 
 
+class _NoEncoder:
+    """An encoder step that returns zeros of the right shape (and says it ran eagerly)."""
+
+    mode, eager_reason = "eager", "replaced by a no-op"
+
+    def __init__(self, frames: int, d_model: int) -> None:
+        self.frames, self.d_model = frames, d_model
+
+    def __call__(self, cache: Any, rows: torch.Tensor, mel: torch.Tensor, lengths: Any, start: Any, full: Any,
+                 att_context: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        b = int(rows.shape[0])
+        return torch.zeros(b, self.frames, self.d_model), torch.full((b,), self.frames)
+
+
 class _NoSearch:
     """A decoder that emits nothing and keeps the carry (the real one's after-start state)."""
 
@@ -64,6 +80,17 @@ class _NoSearch:
         b = int(enc.shape[0])
         empty = torch.zeros(b, 0, dtype=torch.long)
         return BatchedHyps(empty, empty, torch.zeros(b, dtype=torch.long)), state
+
+
+def _sink(front: int) -> Any:
+    """What `Bridge._deliver` does with a step's results for one front end: one framed `Results`."""
+    def deliver(items: list[tuple[EngineSession, Any]]) -> None:
+        results = Results([], [])
+        for session, item in items:
+            results.stream_ids.append(session.id)
+            results.chunks.append((item.tokens, item.times, item.frame_start, item.frame_end))
+        _frame([results])
+    return deliver
 
 
 def main() -> None:
@@ -86,12 +113,7 @@ def main() -> None:
     rec = Recognizer(m, capacity=args.streams, att_context=(m.dims.att_context(None)[0], right))
     d = m.dims.d_model
 
-    def no_encoder(cache: Any, rows: torch.Tensor, mel: torch.Tensor, lengths: Any, start: Any, full: Any,
-                   att_context: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        b = int(rows.shape[0])
-        return torch.zeros(b, right + 1, d), torch.full((b,), right + 1)
-
-    rec.encoder_step = no_encoder  # type: ignore[assignment]
+    rec.encoder_step = _NoEncoder(right + 1, d)  # type: ignore[assignment]
     rec.search = _NoSearch(rec.search)  # type: ignore[assignment]
     no_frames = _NoFrames(rec._logmel)
     rec._feature_maker = lambda device: no_frames  # type: ignore[assignment, method-assign, return-value]
@@ -100,13 +122,17 @@ def main() -> None:
         rec._frames = lambda samples, real_host, real, device: torch.empty(  # type: ignore[method-assign]
             samples.shape[0], n_mels, 0)
         rec._windows = lambda frames, rows, index: torch.empty(frames.shape[0], n_mels, w)  # type: ignore[method-assign]
-    streams = [rec.open() for _ in range(args.streams)]
+    # The engine's own bookkeeping too (readiness, launch, landing, delivery to each front end's
+    # sink), called here on this thread as its thread would: no other thread runs.
+    engine = Engine(rec, max_batch=args.streams, batch_wait_s=0.0, pipeline=False)
+    sinks = [_sink(f) for f in range(max(1, args.front_ends))]
+    sessions = [EngineSession(id=i, sink=sinks[i % len(sinks)]) for i in range(args.streams)]
+    for session in sessions:
+        engine._open(session)
+        engine.take_audio(session, np.zeros(3000, np.float32))
     rate = m.dims.features.sample_rate
     chunk, piece = rate * args.chunk_ms // 1000, rate * args.piece_ms // 1000
     audio = (np.random.default_rng(0).standard_normal(chunk * 12) * 0.1).astype(np.float32)
-    for s in streams:
-        s.push_audio(audio[:3000])
-
     fronts = [list(range(f, args.streams, args.front_ends)) for f in range(args.front_ends)]
 
     def frames(k: int) -> list[tuple[bytearray, int]]:
@@ -124,26 +150,20 @@ def main() -> None:
     def step(k: int) -> float:
         framed = frames(k) if fronts else []
         t0 = time.perf_counter()
-        if fronts:
+        if fronts:  # as `Bridge._apply`
             for body, nbuf in framed:
-                m = _load(body, nbuf)
-                for stream_id, samples in m.pieces():
-                    streams[stream_id].push_audio(samples)
+                for stream_id, samples in _load(body, nbuf).pieces():
+                    if (session := sessions[stream_id]) is not None:
+                        engine.take_audio(session, samples)
         else:
             base = (k % 10) * chunk
-            for s in streams:
+            for session in sessions:
                 for j in range(0, chunk, piece):
-                    s.push_audio(audio[base + j: base + min(j + piece, chunk)])
-        ready = [s for s in streams if s.ready]
-        results = rec.step(ready)
-        if fronts:
-            by_front: dict[int, Results] = {}
-            for s, r in zip(ready, results):
-                res = by_front.setdefault(s.slot % args.front_ends, Results([], []))
-                res.stream_ids.append(s.slot)
-                res.chunks.append((r.tokens, r.times, r.frame_start, r.frame_end))
-            for res in by_front.values():
-                _frame([res])
+                    engine.take_audio(session, audio[base + j: base + min(j + piece, chunk)])
+        if engine._count_ready() != args.streams:
+            raise RuntimeError("a stream had no full chunk")
+        engine._launch()
+        engine._land()
         return time.perf_counter() - t0
 
     for k in range(3):
