@@ -7,6 +7,7 @@
 # or when a pack carried did not unpack.
 #
 #   bash recipes/rehearse.sh "real kokoro" "kokoro2 kokoro3"      (python3: ./dev's .venv if there is one)
+#   TRAIN_ARGS="--deepen 16" bash recipes/rehearse.sh "real kokoro" "kokoro2"   (more train.py flags)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python3 ] && export PATH="$PWD/.venv/bin:$PATH"
@@ -19,7 +20,7 @@ call() {  # call N PACKS MAX_STEPS
     for p in $2; do python3 -m recipes.synthetic.carried shrink --pack ".carry/$p.tar.xz" \
         --out "$R/repo/.carry/$p.tar.xz" --rows "$ROWS" >/dev/null; done
     (cd "$R/repo" && OUT=$R/out$1 WORK=$R/work DEVICE=cpu INIT_FROM=streamd/assets/default-model.pt \
-        KOKORO_REPEAT=1 REAL_REPEAT=1 TRAIN_ARGS="--eval-minutes 100" \
+        KOKORO_REPEAT=1 REAL_REPEAT=1 TRAIN_ARGS="--eval-minutes 100 ${TRAIN_ARGS:-}" \
         bash recipes/run_gpu.sh train 4 "$3" >"$R/call$1.out" 2>&1) ||
         { tail -30 "$R/call$1.out"; echo "rehearsal: call $1 FAILED ($R)"; exit 1; }
     for p in $2; do  # every pack carried must have unpacked (run_gpu.sh goes on without one that did not)
