@@ -6,8 +6,9 @@ the engine thread: queuing audio, the batch's sample rows, window layout, result
 this work is what the daemon's engine thread spends on launching steps (issue 13). On a CPU the
 step's few batched torch calls (pre-emphasis; window assembly: `cat`, `gather`) also run on the
 host, on fresh (unpinned) buffers, and are counted: `--profile` separates them from the
-per-stream work, and `--queued-only` replaces them by no-ops too (what is left is the engine
-thread's share of a step on a GPU, where they are only queued).
+per-stream work, and `--queued-only` replaces them by no-ops too and copies the samples from
+the streams' rings as a GPU does (what is left is the engine thread's share of a step on a GPU,
+where the batched work is only queued).
 
 `--front-ends N` adds the daemon's channel work on the engine thread: each piece arrives in a
 `StreamAudio` message of one of N front ends (read from its frame: `channel._load`, cut by
@@ -110,7 +111,9 @@ def main() -> None:
     torch.set_num_threads(1)
     m = load_model(args.model).model.eval()
     right = CHUNK_RC[args.chunk_ms]
-    rec = Recognizer(m, capacity=args.streams, att_context=(m.dims.att_context(None)[0], right))
+    # --queued-only: as on a GPU, whose steps copy the samples straight from the streams' rings
+    rec = Recognizer(m, capacity=args.streams, att_context=(m.dims.att_context(None)[0], right),
+                     ring_copy=True if args.queued_only else None)
     d = m.dims.d_model
 
     rec.encoder_step = _NoEncoder(right + 1, d)  # type: ignore[assignment]
@@ -122,6 +125,8 @@ def main() -> None:
         rec._frames = lambda samples, real_host, real, device: torch.empty(  # type: ignore[method-assign]
             samples.shape[0], n_mels, 0)
         rec._windows = lambda frames, rows, index: torch.empty(frames.shape[0], n_mels, w)  # type: ignore[method-assign]
+        rec._ring_segments = lambda lo, hi, rows, at, size, device: torch.empty(  # type: ignore[method-assign]
+            rows.shape[0], size)
     # The engine's own bookkeeping too (readiness, launch, landing, delivery to each front end's
     # sink), called here on this thread as its thread would: no other thread runs.
     engine = Engine(rec, max_batch=args.streams, batch_wait_s=0.0, pipeline=False)

@@ -67,17 +67,27 @@ class Recognizer:
 
     `kv_cache`: the slot caches keep each layer's keys and values of the cached frames, so a step
     projects only its new frames (the default); False keeps NeMo's normalised attention inputs
-    instead (the reference layout, same results; see `EncoderCache`)."""
+    instead (the reference layout, same results; see `EncoderCache`).
+
+    `ring_copy`: how a step's samples reach the model's device. True: the device copies the slot
+    range of the step's rows straight from the streams' sample rings (one copy a part, from
+    pinned memory) and cuts each stream's segment out there, so the host copies no samples; the
+    rings are pinned when the model starts on a GPU. False: each stream copies its segment into
+    one batch on the host (`Stream.take`), which is then copied (the reference path, and the
+    CPU's: there the batch is where the features are computed). None: True on a GPU whose rings
+    are pinned and whose features are computed there, else False."""
 
     def __init__(self, model: Transducer, capacity: int, att_context: tuple[int, int] | None = None,
                  search_factory: SearchFactory = GreedyLabelLooping.for_model,
                  encoder_factory: EncoderFactory = eager_encoder, features: str = "model",
-                 part_rows: int | None = PART_ROWS, keep_transcripts: bool = True, kv_cache: bool = True) -> None:
+                 part_rows: int | None = PART_ROWS, keep_transcripts: bool = True, kv_cache: bool = True,
+                 ring_copy: bool | None = None) -> None:
         if features not in ("model", "cpu"):
             raise ValueError(f"features must be 'model' or 'cpu', not {features!r}")
         if part_rows is not None and part_rows < 1:
             raise ValueError(f"part_rows must be at least 1, not {part_rows}")
         self.part_rows, self.keep_transcripts, self.kv_cache = part_rows, keep_transcripts, kv_cache
+        self.ring_copy = ring_copy
         self.capacity, self.search_factory, self.encoder_factory = capacity, search_factory, encoder_factory
         self.model, self.search, self.encoder_step = model, search_factory(model), encoder_factory(model)
         self.att_context = model.dims.att_context(att_context)
@@ -86,10 +96,16 @@ class Recognizer:
         # Live features are fp32, whatever the model's dtype; the streams' bookkeeping uses this CPU copy.
         self._logmel = copy.deepcopy(model.preprocessor).float().cpu()
         self._device_logmel: LogMel | None = None  # a copy on the model's device, made when needed
-        # Every slot's raw samples, one row each (`Stream.row`): room for a full step's samples
-        # and half as many more (pieces that do not fit wait in the stream until a step).
+        # Every slot's raw samples, one ring each (`Stream.row`): room for a full step's samples
+        # and half as many more (pieces that do not fit wait in the stream until a step); pinned
+        # when the model starts on a GPU, so that its steps can copy straight from it (`ring_copy`).
         full = self.geometry.segment_samples(self.geometry.new_frames(False))
-        self._samples = np.zeros((capacity, full + max(full // 2, 4096)), dtype=np.float32)
+        self._rings = torch.zeros((capacity, full + max(full // 2, 4096)), dtype=torch.float32,
+                                  pin_memory=model.device.type == "cuda")
+        self._samples = self._rings.numpy()
+        self._rings_pinned = self._rings.is_pinned()
+        self._held: list[Stream] = []  # streams whose ring positions the last launch's copies hold
+        self._copied: list[torch.cuda.Event] = []  # recorded after those copies (none off CUDA)
         self._free = list(range(capacity - 1, -1, -1))
         self._fresh: dict[int, None] = {}  # slots opened since the last step: rows still to reset
         self._cache: EncoderCache | None = None
@@ -248,6 +264,7 @@ class Recognizer:
         next launch, queued behind this one) and launch further steps (their work queues behind
         this one's on the device; collect them in launch order)."""
         cache, dec = self.state_tensors()
+        self._release_rings()
         started = _event(cache.channel.device)  # before the step's first device work
         self._reset_fresh(cache, dec)
         return Launched(self, [self._launch_part(streams[a:b], cache, dec) for a, b in self._parts(len(streams))],
@@ -259,34 +276,76 @@ class Recognizer:
         the next."""
         device = cache.channel.device
         g, n = self.geometry, len(streams)
-        # Per-stream work is one numpy copy and some counting; torch is called a fixed number of
-        # times per part. Each torch call releases and re-takes the GIL, and with a busy event
-        # loop in the other thread every re-take can wait a whole switch interval.
+        # Per-stream work is some counting (and on the host batch's path one numpy copy); torch
+        # is called a fixed number of times per part. Each torch call releases and re-takes the
+        # GIL, and with a busy event loop in the other thread every re-take can wait a whole
+        # switch interval.
         news = [s.next_frames() for s in streams]
         k = max(news, default=1)
-        samples = _host(device, (n, g.segment_samples(k)), torch.float32)
-        meta = _host(device, (n, 4 + g.window + PRE_ENCODE_CACHE), torch.int64)
-        rows_np, meta_np = samples.numpy(), meta.numpy()
-        taken = np.array([s.take(new, row) for s, new, row in zip(streams, news, rows_np)], dtype=np.int64)
-        _layout(taken.reshape(n, 3), news, [s.slot for s in streams], g.window, k, meta_np)
+        slots = [s.slot for s in streams]
+        from_rings = bool(n) and self._copies_rings(device)
+        meta = _host(device, (n, 5 + g.window + PRE_ENCODE_CACHE), torch.int64)  # the last column: ring positions
+        meta_np = meta.numpy()
+        if from_rings:  # the device copies the samples from the rings: the streams only count
+            meta_np[:, -1] = np.array([s.frames_taken for s in streams], dtype=np.int64) * g.hop
+            taken = np.array([s.take(new, None) for s, new in zip(streams, news)], dtype=np.int64)
+            self._held.extend(streams)
+        else:
+            meta_np[:, -1] = 0
+            samples = _host(device, (n, g.segment_samples(k)), torch.float32)
+            taken = np.array([s.take(new, row) for s, new, row in zip(streams, news, samples.numpy())], dtype=np.int64)
+        _layout(taken.reshape(n, 3), news, slots, g.window, k, meta_np[:, :-1])
         meta_host, meta = meta, meta.to(device, non_blocking=True)
+        if from_rings:
+            samples = self._ring_segments(min(slots), max(slots) + 1, meta[:, 2], meta[:, -1], g.segment_samples(k),
+                                          device)
         frames = self._frames(samples, meta_host[:, 3], meta[:, 3], device)
         lengths, start, rows = meta[:, 0], meta[:, 1], meta[:, 2]
-        mel = self._windows(frames, rows, meta[:, 4:])
+        mel = self._windows(frames, rows, meta[:, 4:-1])
         full = bool(n) and bool((meta_np[:, 1] == 0).all() and (meta_np[:, 0] == g.window).all())
         enc, enc_len = self.encoder_step(cache, rows, mel, lengths, start, full, att_context=self.att_context)
         hyps, new_dec = self.search(enc, enc_len, dec.index_select(rows))
         dec.index_copy_(rows, new_dec)
         return _Part(streams, hyps, enc_len)
 
+    def _copies_rings(self, device: torch.device) -> bool:
+        """Whether a step on `device` copies its samples straight from the rings (`ring_copy`)."""
+        if self.ring_copy is not None:
+            return self.ring_copy
+        return device.type == "cuda" and self._rings_pinned and self.features == "model"
+
+    def _ring_segments(self, lo: int, hi: int, rows: Tensor, at: Tensor, size: int, device: torch.device) -> Tensor:
+        """Every row's `size` samples from ring position `at` on, cut out on `device` from one
+        copy of rings lo..hi-1 (the step's slot range); rows, at: (b,) int64 on `device`.
+        Returns (b, size) fp32. The rings' positions stay held until the copy has happened
+        (`_release_rings`, at the next launch)."""
+        rings = self._rings[lo:hi].to(device, non_blocking=True)  # pinned: queued, no wait
+        if device.type == "cuda":
+            copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            copied.record(torch.cuda.current_stream(device))
+            self._copied.append(copied)
+        m = rings.shape[1]
+        index = (at[:, None] + torch.arange(size, device=device)) % m
+        return rings[(rows - lo)[:, None], index]
+
+    def _release_rings(self) -> None:
+        """Once the last launch's copies from the rings have happened (a wait only if they are
+        still queued behind the step before it), its streams' ring positions are free again."""
+        for copied in self._copied:
+            copied.synchronize()
+        self._copied.clear()
+        for s in self._held:
+            s.release()
+        self._held.clear()
+
     def _frames(self, samples: Tensor, real_host: Tensor, real: Tensor, device: torch.device) -> Tensor:
         """The step's new mel frames, on `device`: pre-emphasis (as the offline front end
         computes it) and log-mel of every row in one call where `features` says.
 
-        samples: (b, S) host float32 rows from `Stream.take` (one sample before the first
-        window, then the windows); real: (b,) int64 on `device` (`real_host`: the same on the
-        host), how many of a row's samples are the signal's (later ones, past its end or the
-        row's own length, count as zeros). Returns (b, n_mels, (S - 1 - n_fft) // hop + 1) fp32."""
+        samples: (b, S) float32 rows from `Stream.take` on the host, or from the rings on the
+        device (one sample before the first window, then the windows); real: (b,) int64 on
+        `device` (`real_host`: the same on the host), how many of a row's samples are the
+        signal's (later ones, past its end or the row's own length, count as zeros). Returns (b, n_mels, (S - 1 - n_fft) // hop + 1) fp32."""
         logmel = self._feature_maker(device)
         at = logmel.featurizer.fb.device
         x = samples.to(at, non_blocking=True)

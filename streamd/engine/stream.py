@@ -33,9 +33,11 @@ class Stream:
     is the first of them) is row[q % M]. Nothing is ever moved: a piece is written once, a step
     copies its samples out once (`take`, in at most two slices). The next step's first sample
     is at q = frames_taken * hop; everything before it may be overwritten, so a piece that does
-    not fit in the rest of the ring waits in `raw` until a step has made room. Everything here is
-    numpy: the engine thread must not spend a GIL release and re-acquire (a torch call) per
-    stream, or a busy event loop stalls it (see `Recognizer.launch`)."""
+    not fit in the rest of the ring waits in `raw` until a step has made room. A step whose
+    samples the GPU copies from the ring itself (`take` without `out`) holds its positions until
+    `release` (the copy has happened). Everything here is numpy: the engine thread must not spend
+    a GIL release and re-acquire (a torch call) per stream, or a busy event loop stalls it (see
+    `Recognizer.launch`)."""
 
     slot: int
     row: np.ndarray  # (M,) float32
@@ -52,6 +54,7 @@ class Stream:
     need: int = 0  # new mel frames the next full step takes (`ChunkGeometry.new_frames`)
     full_at: int = 0  # samples that make the next full chunk (see `push_audio`)
     written: int = 0  # padded-signal positions written into `row` (the leading zeros, then samples)
+    held: int = -1  # positions from here on are kept for a step's copy still to happen (-1: none)
 
     @classmethod
     def new(cls, slot: int, row: np.ndarray, geometry: ChunkGeometry) -> Stream:
@@ -68,7 +71,8 @@ class Stream:
         in one comparison: the engine asks per piece)."""
         n = samples.size
         if n:
-            if not self.raw and self.written + n - self.frames_taken * self.geometry.hop <= self.row.size:
+            keep = self._keep_from(self.frames_taken * self.geometry.hop)
+            if not self.raw and self.written + n - keep <= self.row.size:
                 self._write(samples)
             else:
                 self.raw.append(samples)
@@ -104,13 +108,15 @@ class Stream:
             return self.need
         return min(self.need, self.frames_left)
 
-    def take(self, new: int, out: np.ndarray) -> tuple[int, int, int]:
+    def take(self, new: int, out: np.ndarray | None) -> tuple[int, int, int]:
         """Consume the next `new` frames (`next_frames()`): copy their samples (`segment_samples`,
-        from one sample before their first window on) into `out`. Returns where they go in the
-        step's window of W columns: the stream's last `tail` encoded frames (at most 9) end at
-        column `lead`, the new frames start there (columns before `lead - tail` are zero: the
-        causal zero padding); and how many of the copied samples are the signal's (`real`; the
-        rest, past its end, count as zeros)."""
+        from one sample before their first window on, at ring position q = frames_taken * hop
+        before the call) into `out`; with `out` None, leave them in the ring for the caller to
+        copy, held there until `release`. Returns where they go in the step's window of W
+        columns: the stream's last `tail` encoded frames (at most 9) end at column `lead`, the
+        new frames start there (columns before `lead - tail` are zero: the causal zero padding);
+        and how many of the samples are the signal's (`real`; the rest, past its end or stale in
+        the ring, count as zeros)."""
         g, need = self.geometry, self.need
         if new > need or new < 1:
             raise ValueError(f"a step takes 1 to {need} frames, not {new}")
@@ -118,13 +124,16 @@ class Stream:
         size = (new - 1) * g.hop + 2 * g.half_window + 1  # g.segment_samples(new)
         if self.raw:
             self._fill(q)
-        m = self.row.size
-        at = q % m
-        if at + size <= m:
-            out[:size] = self.row[at: at + size]
-        else:  # wraps around the ring's end
-            out[: m - at] = self.row[at:]
-            out[m - at: size] = self.row[: size - (m - at)]
+        if out is None:
+            self.held = self._keep_from(q)
+        else:
+            m = self.row.size
+            at = q % m
+            if at + size <= m:
+                out[:size] = self.row[at: at + size]
+            else:  # wraps around the ring's end
+                out[: m - at] = self.row[at:]
+                out[m - at: size] = self.row[: size - (m - at)]
         tail = min(self.frames_taken, PRE_ENCODE_CACHE)
         self.frames_taken += new
         self.steps += 1
@@ -133,6 +142,15 @@ class Stream:
         # q - lead is the padded-signal index of out[0] (sample 0 is at q = lead)
         real = size if not self.ended else min(size, self.samples - q + g.half_window + 1)
         return g.window - need, tail, real
+
+    def release(self) -> None:
+        """The copies of the ring's held positions have happened: they may be overwritten."""
+        self.held = -1
+
+    def _keep_from(self, q: int) -> int:
+        """The first ring position that must not be overwritten, given that positions from q on
+        are needed: q, or an earlier one still held."""
+        return q if self.held < 0 else min(q, self.held)
 
     def _write(self, samples: np.ndarray) -> None:
         """Append samples to the ring (the caller checked that they fit)."""
@@ -148,7 +166,7 @@ class Stream:
     def _fill(self, q: int) -> None:
         """Move queued pieces into the ring as far as they fit, keeping positions from q on
         (those past the signal's end may then be stale: `take` says how many are real)."""
-        room = self.row.size - (self.written - q)
+        room = self.row.size - (self.written - self._keep_from(q))
         while self.raw and room > 0:
             piece = self.raw[0]
             if piece.size > room:

@@ -46,6 +46,27 @@ def test_fixture_models_streaming_equals_offline(right: int) -> None:
             assert s.tokens == reference(kind)["offline"][f"att70_{right}"][name]["hyp"]["tokens"].tolist()
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_samples_copied_from_the_rings_stream_like_the_host_batch(device: str) -> None:
+    """The device's copy of a step's samples straight from the streams' rings (`ring_copy`: a
+    GPU's path by default, forced on the CPU) and the host batch of `Stream.take` (the reference)
+    give the same tokens and times, streams joining and leaving, in parts of two streams (each
+    part copies its own slot range); on the CPU both equal the offline pass."""
+    m = fixture_model("rnnt").model.to(device)
+    inputs = list(reference("rnnt")["inputs"].values())
+    audios = [inp["audio"].numpy() for inp in inputs] * 2
+    got = {}
+    for ring_copy in (True, False):
+        rec = Recognizer(m, capacity=len(audios), ring_copy=None if device == "cuda" and ring_copy else ring_copy,
+                         part_rows=2)
+        assert rec._copies_rings(torch.device(device)) == ring_copy  # on a GPU by default (pinned rings)
+        got[ring_copy] = run_streams(m, greedy(m), audios, starts=[(3 * i) % 7 for i in range(len(audios))], seed=5,
+                                     recognizer=rec)[0]
+    assert got[True] == got[False]
+    if device == "cpu":
+        assert got[True] == [transcribe_offline(m, torch.from_numpy(a)) for a in audios]
+
+
 @pytest.mark.parametrize("kind", ["rnnt", "hybrid"])
 def test_both_cache_layouts_stream_like_offline(kind: str) -> None:
     """The key/value cache (the default) and NeMo's input cache give the same tokens and times,
@@ -251,12 +272,15 @@ def test_the_after_start_row_is_made_once_per_weights() -> None:
     assert rec._start_row().gproj.dtype == torch.float64
 
 
+@pytest.mark.parametrize("copy", [True, False], ids=["copied", "left-in-the-ring"])
 @pytest.mark.parametrize("right", [0, 1, 13])
-def test_a_stream_takes_exactly_the_padded_signal_whatever_its_pieces(right: int) -> None:
+def test_a_stream_takes_exactly_the_padded_signal_whatever_its_pieces(right: int, copy: bool) -> None:
     """`Stream.take` copies each step's samples (one before the first window, then the windows)
-    from the slot's row (a ring): equal to the offline padded signal for any piece sizes, with a
-    row so small that steps wrap around its end and pieces wait in the stream; at the end, the
-    samples past the signal are not counted as real."""
+    from the slot's row (a ring), or leaves them there, held, for the device to copy: equal to the
+    offline padded signal for any piece sizes, with a row so small that steps wrap around its end
+    and pieces wait in the stream (also for positions still held: the held ones are never
+    overwritten before `release`); at the end, the samples past the signal are not counted as
+    real."""
     from streamd.engine.stream import Stream
     from streamd.engine.types import ChunkGeometry
 
@@ -268,20 +292,35 @@ def test_a_stream_takes_exactly_the_padded_signal_whatever_its_pieces(right: int
     stream = Stream.new(0, np.full(g.segment_samples(g.new_frames(False)) + 50, np.nan, np.float32), g)
     taken, at = 0, 0
 
+    held: tuple[int, int, np.ndarray] | None = None  # (ring position, size, what it must hold)
+
+    def check_held() -> None:
+        if held is not None:
+            q, size, expected = held
+            ring = stream.row[(q + np.arange(size)) % stream.row.size]
+            np.testing.assert_array_equal(ring, expected)
+
     def take_ready() -> None:
-        nonlocal taken
+        nonlocal taken, held
         while stream.ready:
+            check_held()
+            stream.release()  # as the recognizer does at its next launch
             k = stream.next_frames()
-            out = np.empty(g.segment_samples(k), np.float32)
+            size = g.segment_samples(k)
             lo = taken * g.hop - g.half_window - 1
+            out = np.empty(size, np.float32) if copy else None
             *_, real = stream.take(k, out)
-            np.testing.assert_array_equal(out[:real], padded[lo + lead: lo + lead + real])
-            assert real == out.size or stream.ended
+            got = out if out is not None else stream.row[(lo + lead + np.arange(size)) % stream.row.size]
+            np.testing.assert_array_equal(got[:real], padded[lo + lead: lo + lead + real])
+            assert real == size or stream.ended
+            if out is None:
+                held = (lo + lead, real, got[:real].copy())
             taken += k
 
     while at < x.size:
         n = int(rng.integers(1, 9000))
         assert stream.push_audio(x[at: at + n]) == stream.ready  # the two-comparison readiness
+        check_held()
         at += n
         take_ready()
     stream.end()
