@@ -83,7 +83,7 @@ class _NoSearch:
         return BatchedHyps(empty, empty, torch.zeros(b, dtype=torch.long)), state
 
 
-def _sink(front: int) -> Any:
+def _sink() -> Any:
     """What `Bridge._deliver` does with a step's results for one front end: one framed `Results`."""
     def deliver(items: list[tuple[EngineSession, Any]]) -> None:
         results = Results([], [])
@@ -130,7 +130,7 @@ def main() -> None:
     # The engine's own bookkeeping too (readiness, launch, landing, delivery to each front end's
     # sink), called here on this thread as its thread would: no other thread runs.
     engine = Engine(rec, max_batch=args.streams, batch_wait_s=0.0, pipeline=False)
-    sinks = [_sink(f) for f in range(max(1, args.front_ends))]
+    sinks = [_sink() for _ in range(max(1, args.front_ends))]
     sessions = [EngineSession(id=i, sink=sinks[i % len(sinks)]) for i in range(args.streams)]
     for session in sessions:
         engine._open(session)
@@ -158,8 +158,7 @@ def main() -> None:
         if fronts:  # as `Bridge._apply`
             for body, nbuf in framed:
                 for stream_id, samples in _load(body, nbuf).pieces():
-                    if (session := sessions[stream_id]) is not None:
-                        engine.take_audio(session, samples)
+                    engine.take_audio(sessions[stream_id], samples)
         else:
             base = (k % 10) * chunk
             for session in sessions:

@@ -345,7 +345,8 @@ class Recognizer:
         samples: (b, S) float32 rows from `Stream.take` on the host, or from the rings on the
         device (one sample before the first window, then the windows); real: (b,) int64 on
         `device` (`real_host`: the same on the host), how many of a row's samples are the
-        signal's (later ones, past its end or the row's own length, count as zeros). Returns (b, n_mels, (S - 1 - n_fft) // hop + 1) fp32."""
+        signal's (later ones, past its end or the row's own length, count as zeros).
+        Returns (b, n_mels, (S - 1 - n_fft) // hop + 1) fp32."""
         logmel = self._feature_maker(device)
         at = logmel.featurizer.fb.device
         x = samples.to(at, non_blocking=True)

@@ -124,6 +124,9 @@ class Stream:
         size = (new - 1) * g.hop + 2 * g.half_window + 1  # g.segment_samples(new)
         if self.raw:
             self._fill(q)
+        if self.written < q + size and not self.ended:
+            raise RuntimeError(f"stream {self.slot}: a step's samples are still queued (ring positions held by a "
+                               "launch that was not released)")
         if out is None:
             self.held = self._keep_from(q)
         else:
