@@ -29,7 +29,7 @@ class ThreadCpu:
         if len(allowed) < 2:
             raise ValueError(f"engine.thread_cpu {cpu}: it is this process's only CPU (nothing left for the rest)")
         self.cpu, self.all = cpu, frozenset(allowed)
-        self.pinned = False
+        self.pinned: bool | None = None  # not placed yet
 
     def keep_off(self) -> None:
         """The calling thread (and whatever it starts from now on) runs on every CPU but this one."""
@@ -44,8 +44,9 @@ class ThreadCpu:
         pin = device_type == "cuda"
         os.sched_setaffinity(0, {self.cpu} if pin else self.all)
         if pin != self.pinned:
-            log.info("engine thread: %s", f"on CPU {self.cpu} alone" if pin else f"on CPUs {_ranges(self.all)} "
-                     f"(the model is on the {device_type}: its work needs every core)")
+            log.info("engine thread: %s", f"on CPU {self.cpu} alone" if pin else f"on CPUs {_ranges(self.all)}: "
+                     f"engine.thread_cpu applies while the model is on a GPU (on the {device_type} its work "
+                     "needs every core)")
         self.pinned = pin
 
 

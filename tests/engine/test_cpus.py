@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 
@@ -52,10 +53,10 @@ def test_the_engine_thread_runs_alone_on_its_cpu_on_a_gpu_and_everywhere_on_the_
 
 
 @needs_two
-def test_the_daemons_other_threads_keep_off_the_engine_cpu_until_it_stops() -> None:
+def test_the_daemons_other_threads_keep_off_the_engine_cpu_until_it_stops(caplog: pytest.LogCaptureFixture) -> None:
     """With `thread_cpu`, the starting thread (whose children are the front ends) keeps off the
     CPU from `start` to `stop`; a CPU model's engine thread is not pinned (its work needs every
-    core), and streams are served as without it."""
+    core: the log says the setting applies on a GPU), and streams are served as without it."""
     cpu = max(CPUS)
     rec = Recognizer(random_model(), capacity=2)
 
@@ -75,6 +76,8 @@ def test_the_daemons_other_threads_keep_off_the_engine_cpu_until_it_stops() -> N
             await engine.stop()
         return starter, engine_thread, results
 
-    starter, engine_thread, results = asyncio.run(main())
+    with caplog.at_level(logging.INFO, logger="streamd.engine"):
+        starter, engine_thread, results = asyncio.run(main())
+    assert any("applies while the model is on a GPU" in r.getMessage() for r in caplog.records)
     assert starter == CPUS - {cpu} and engine_thread == CPUS and results > 0
     assert os.sched_getaffinity(0) == CPUS  # restored at stop
