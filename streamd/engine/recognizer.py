@@ -71,8 +71,10 @@ class Recognizer:
 
     `ring_copy`: how a step's samples reach the model's device. True: the device copies the slot
     range of the step's rows straight from the streams' sample rings (one copy a part, from
-    pinned memory) and cuts each stream's segment out there, so the host copies no samples; the
-    rings are pinned when the model starts on a GPU. False: each stream copies its segment into
+    pinned memory, on a CUDA stream of its own that overlaps the step before; a step's streams
+    go into parts in slot order, so that each part's range is short) and cuts each stream's
+    segment out there, so the host copies no samples; the rings are pinned when the model starts
+    on a GPU. False: each stream copies its segment into
     one batch on the host (`Stream.take`), which is then copied (the reference path, and the
     CPU's: there the batch is where the features are computed). None: True on a GPU whose rings
     are pinned and whose features are computed there, else False."""
@@ -106,6 +108,7 @@ class Recognizer:
         self._rings_pinned = self._rings.is_pinned()
         self._held: list[Stream] = []  # streams whose ring positions the last launch's copies hold
         self._copied: list[torch.cuda.Event] = []  # recorded after those copies (none off CUDA)
+        self._copy_streams: dict[torch.device, torch.cuda.Stream] = {}  # see `_copy_stream`
         self._free = list(range(capacity - 1, -1, -1))
         self._fresh: dict[int, None] = {}  # slots opened since the last step: rows still to reset
         self._cache: EncoderCache | None = None
@@ -265,10 +268,15 @@ class Recognizer:
         this one's on the device; collect them in launch order)."""
         cache, dec = self.state_tensors()
         self._release_rings()
-        started = _event(cache.channel.device)  # before the step's first device work
+        device = cache.channel.device
+        started = _event(device)  # before the step's first device work
         self._reset_fresh(cache, dec)
+        order = None
+        if self._copies_rings(device):  # parts of neighbouring slots: each copies a short slot range
+            order = sorted(range(len(streams)), key=lambda i: streams[i].slot)
+            streams = [streams[i] for i in order]
         return Launched(self, [self._launch_part(streams[a:b], cache, dec) for a, b in self._parts(len(streams))],
-                        cache.channel.device, started)
+                        device, started, order)
 
     def _launch_part(self, streams: list[Stream], cache: EncoderCache, dec: DecoderState) -> _Part:
         """Queue one part's features, windows, encoder step and decoder; the rows are independent
@@ -319,14 +327,27 @@ class Recognizer:
         copy of rings lo..hi-1 (the step's slot range); rows, at: (b,) int64 on `device`.
         Returns (b, size) fp32. The rings' positions stay held until the copy has happened
         (`_release_rings`, at the next launch)."""
-        rings = self._rings[lo:hi].to(device, non_blocking=True)  # pinned: queued, no wait
-        if device.type == "cuda":
-            copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            copied.record(torch.cuda.current_stream(device))
+        if device.type == "cuda":  # on a copy stream of its own: it overlaps the step before
+            main, side = torch.cuda.current_stream(device), self._copy_stream(device)
+            with torch.cuda.stream(side):
+                rings = self._rings[lo:hi].to(device, non_blocking=True)  # pinned: queued, no wait
+                copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                copied.record(side)
+            main.wait_event(copied)
+            rings.record_stream(main)  # its memory is not reused before the step has read it
             self._copied.append(copied)
+        else:
+            rings = self._rings[lo:hi]
         m = rings.shape[1]
         index = (at[:, None] + torch.arange(size, device=device)) % m
         return rings[(rows - lo)[:, None], index]
+
+    def _copy_stream(self, device: torch.device) -> torch.cuda.Stream:
+        """The CUDA stream the copies from the rings run on, one per device."""
+        side = self._copy_streams.get(device)
+        if side is None:
+            side = self._copy_streams[device] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+        return side
 
     def _release_rings(self) -> None:
         """Once the last launch's copies from the rings have happened (a wait only if they are
@@ -437,9 +458,10 @@ class Launched:
     On CUDA, `started` and `ended` are timing events before its first and after its last work."""
 
     def __init__(self, rec: Recognizer, parts: list[_Part], device: torch.device,
-                 started: torch.cuda.Event | None = None) -> None:
+                 started: torch.cuda.Event | None = None, order: list[int] | None = None) -> None:
         self._rec, self._parts, self.device = rec, parts, device
         self.started = started
+        self._order = order  # the parts hold streams[order[0]], streams[order[1]], ... (None: as given)
         self.ended = parts[-1].done if parts else None
 
     def device_s(self, previous: Launched | None) -> float | None:
@@ -466,6 +488,11 @@ class Launched:
             labels, times, lengths, enc_len = p.host
             hyps = BatchedHyps(labels, times, lengths).to_lists()
             out.extend(self._rec.results(p.streams, hyps, enc_len.tolist()))
+        if self._order is not None:
+            given: list[ChunkResult] = [None] * len(out)  # type: ignore[list-item]
+            for i, result in zip(self._order, out):
+                given[i] = result
+            return given
         return out
 
 

@@ -12,7 +12,7 @@ from helpers import fixture_model, greedy, random_model, reference, run_streams,
 from streamd.decode import transcribe_offline
 from streamd.engine.migration import cut_over, placed_copy, stage_cache
 from streamd.engine.placement import move_model
-from streamd.engine.recognizer import Recognizer
+from streamd.engine.recognizer import Launched, Recognizer
 from streamd.engine.stream import Stream
 from streamd.model.transducer import Transducer
 
@@ -96,7 +96,13 @@ def test_ring_positions_a_launched_step_copies_are_not_overwritten_before_the_ne
     rng = np.random.default_rng(7)
     streams = [rec.open() for _ in audios]
     pos = [0] * len(audios)
-    flight = None
+    flight: tuple[Launched, list[Stream]] | None = None
+    decoded = {s.slot: 0 for s in streams}
+
+    def collect(launched: Launched, batch: list[Stream]) -> None:
+        for s, result in zip(batch, launched.collect()):  # each result is its stream's next frames
+            assert result.frame_start == decoded[s.slot]
+            decoded[s.slot] = result.frame_end
     while not all(s.finished for s in streams):
         for i, (s, a) in enumerate(zip(streams, audios)):
             if pos[i] < a.size:
@@ -106,12 +112,13 @@ def test_ring_positions_a_launched_step_copies_are_not_overwritten_before_the_ne
             elif not s.ended:
                 s.end()
         ready = [s for s in streams if s.ready]
-        launched = rec.launch(ready) if ready else None
+        rng.shuffle(ready)  # not in slot order: the parts are (by slot), the results come back in this order
+        launched = (rec.launch(ready), ready) if ready else None
         if flight is not None:
-            flight.collect()
+            collect(*flight)
         flight = launched
     if flight is not None:
-        flight.collect()
+        collect(*flight)
     assert [(s.tokens, s.times) for s in streams] == [transcribe_offline(m, torch.from_numpy(a)) for a in audios]
 
 
