@@ -27,7 +27,7 @@ import os
 import random
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -90,6 +90,58 @@ class Progress:
     skipped: int = 0  # steps with a non-finite loss or gradient
     calls: int = 0  # train.py runs that contributed
     history: list[dict[str, Any]] = field(default_factory=list)
+
+
+class StepProfile:
+    """`--profile-steps N`: the N steps from the 20th of this run on (the loader and the kernels
+    warm) under torch.profiler; then one log line of wall, host and device time a step and the
+    ops that took most of each: whether the steps are bound by the GPU, by the host launching
+    many small ops, or by the loader."""
+
+    START = 20
+
+    def __init__(self, steps: int, device: torch.device, log: Callable[[str], None]) -> None:
+        self.steps, self.device, self.log = steps, device, log
+        self._prof: torch.profiler.profile | None = None
+        self._t0 = 0.0
+
+    def before(self, step: int) -> None:
+        """Called before each step of this run (`step` counts from 0)."""
+        if not self.steps:
+            return
+        if step == self.START:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            self._prof = torch.profiler.profile(activities=activities)
+            self._prof.__enter__()
+            self._t0 = time.monotonic()
+        elif step == self.START + self.steps and self._prof is not None:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            wall = (time.monotonic() - self._t0) / self.steps
+            self._prof.__exit__(None, None, None)
+            self._report(wall)
+            self._prof = None
+
+    def _report(self, wall: float) -> None:
+        assert self._prof is not None
+        ops = self._prof.key_averages()
+        n = self.steps
+        host = sum(e.self_cpu_time_total for e in ops) / 1e6 / n
+        calls = sum(e.count for e in ops) / n
+        top_host = sorted(ops, key=lambda e: e.self_cpu_time_total, reverse=True)[:6]
+        line = (f"profile of {n} steps: {1e3 * wall:.1f} ms a step wall, {1e3 * host:.1f} ms of host op time "
+                f"({calls:.0f} op calls a step); host: "
+                + ", ".join(f"{e.key} {e.self_cpu_time_total / 1e3 / n:.1f} ms" for e in top_host))
+        if self.device.type == "cuda":
+            gpu = sum(getattr(e, "self_device_time_total", 0) for e in ops) / 1e6 / n
+            top_gpu = sorted(ops, key=lambda e: getattr(e, "self_device_time_total", 0), reverse=True)[:6]
+            line += (f"; GPU busy {1e3 * gpu:.1f} ms a step ({100 * gpu / wall:.0f} % of the wall): "
+                     + ", ".join(f"{e.key} {getattr(e, 'self_device_time_total', 0) / 1e3 / n:.1f} ms"
+                                 for e in top_gpu))
+        self.log(line)
 
 
 class WeightAverage:
@@ -188,6 +240,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--eval-minutes", type=float, default=3.0, help="dev eval + save every this often")
     a("--eval-every", type=int, help="also every this many steps")
     a("--log-every", type=int, default=50)
+    a("--profile-steps", type=int, default=0,
+      help="profile this many steps (torch.profiler, from the 20th of this run on) and log where their time went")
     a("--moments", choices=MOMENT_FORMATS, default="q8", help="how last.pt stores AdamW's moments")
     a("--chunk-mb", type=float, help="split last.pt and default-model.pt into parts of this many MiB")
     a("--log", type=Path, help="log file (default OUT/train.log; appended)")
@@ -466,8 +520,10 @@ def main(argv: list[str] | None = None) -> Progress:
 
     reserve = 45.0  # seconds kept for the final eval + save, re-measured at every checkpoint
     last_ckpt = time.monotonic()
-    win = {"t": time.monotonic(), "steps": 0, "audio": 0.0, "loss": 0.0, "rnnt": 0.0, "ctc": 0.0, "gnorm": 0.0}
+    win = {"t": time.monotonic(), "steps": 0, "audio": 0.0, "loss": 0.0, "rnnt": 0.0, "ctc": 0.0, "gnorm": 0.0,
+           "data": 0.0}
     step_time = 0.0
+    profiling = StepProfile(args.profile_steps, device, log)
     stop = "max-steps"
     it = iter(loader)
     first_step = progress.step
@@ -478,8 +534,10 @@ def main(argv: list[str] | None = None) -> Progress:
         if args.run_steps is not None and progress.step - first_step >= args.run_steps:
             stop = "run-steps"
             break
+        profiling.before(progress.step - first_step)
         t0 = time.monotonic()
         cpu_batch = next(it)
+        win["data"] += time.monotonic() - t0  # waiting for the loader
         audio_s = float(cpu_batch.lengths.sum()) / 16000
         batch = cpu_batch.to(device)
         step = progress.step
@@ -519,8 +577,10 @@ def main(argv: list[str] | None = None) -> Progress:
             log(f"step {progress.step} ep {progress.epoch} loss {win['loss'] / ok:.3f} rnnt {win['rnnt'] / ok:.3f} "
                 f"ctc {win['ctc'] / ok:.3f} gnorm {win['gnorm'] / ok:.2f} lr {opt.param_groups[0]['lr']:.2e} "
                 f"{args.log_every / el:.2f} steps/s {win['audio'] / 3600 / el:.3f} audio-h/s "
+                f"data wait {100 * win['data'] / el:.0f} % "
                 f"batch {batch.audio.shape[0]} ctx {list(ctx)} elapsed {time.monotonic() - t_start:.0f} s")
-            win = {"t": time.monotonic(), "steps": 0, "audio": 0.0, "loss": 0.0, "rnnt": 0.0, "ctc": 0.0, "gnorm": 0.0}
+            win = {"t": time.monotonic(), "steps": 0, "audio": 0.0, "loss": 0.0, "rnnt": 0.0, "ctc": 0.0, "gnorm": 0.0,
+                   "data": 0.0}
         due = time.monotonic() - last_ckpt >= args.eval_minutes * 60
         every = bool(args.eval_every) and progress.step % args.eval_every == 0
         if (due or every) and progress.step < args.max_steps:

@@ -331,6 +331,18 @@ def test_two_runs_with_resume_equal_one_run_and_export_loads(corpus: Path, tmp_p
     assert state.load_streamd_any(two / "default-model.pt").model.dims == loaded.model.dims
 
 
+def test_a_profiled_run_logs_where_its_steps_time_went(corpus: Path, tmp_path: Path) -> None:
+    """`--profile-steps N`: N steps from the 20th on under torch.profiler, then one log line of
+    wall and host time a step and the ops that took most; every step's log line says how long
+    the loop waited for the loader."""
+    out = tmp_path / "out"
+    train.main(tiny_args(corpus, out, "--max-steps", "24", "--profile-steps", "3"))
+    lines = (out / "train.log").read_text().splitlines()
+    profile = [line for line in lines if "profile of 3 steps:" in line]
+    assert len(profile) == 1 and "ms a step wall" in profile[0] and "op calls a step" in profile[0]
+    assert all("data wait" in line for line in lines if " steps/s " in line)
+
+
 def test_weight_average_updates_swaps_in_and_out_and_survives_last_pt() -> None:
     torch.manual_seed(3)
     model = Transducer(build_dims("tiny", 64))
