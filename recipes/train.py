@@ -115,13 +115,13 @@ class StepProfile:
                 torch.cuda.synchronize(self.device)
                 activities.append(torch.profiler.ProfilerActivity.CUDA)
             self._prof = torch.profiler.profile(activities=activities)
-            self._prof.__enter__()
+            self._prof.start()
             self._t0 = time.monotonic()
         elif step == self.START + self.steps and self._prof is not None:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             wall = (time.monotonic() - self._t0) / self.steps
-            self._prof.__exit__(None, None, None)
+            self._prof.stop()
             self._report(wall)
             self._prof = None
 

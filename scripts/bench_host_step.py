@@ -41,7 +41,8 @@ from streamd.engine.recognizer import Recognizer  # noqa: E402
 from streamd.engine.types import EngineSession  # noqa: E402
 from streamd.model.checkpoint import load_model  # noqa: E402
 from streamd.server.channel import HEADER, _frame, _load  # noqa: E402
-from streamd.server.link import Results, StreamAudio  # noqa: E402
+from streamd.server.frontends import front_messages  # noqa: E402
+from streamd.server.link import StreamAudio  # noqa: E402
 
 CHUNK_RC = {80: 0, 160: 1, 560: 6, 1120: 13}
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "streamd" / "assets" / "default-model.pt"
@@ -83,17 +84,6 @@ class _NoSearch:
         return BatchedHyps(empty, empty, torch.zeros(b, dtype=torch.long)), state
 
 
-def _sink() -> Any:
-    """What `Bridge._deliver` does with a step's results for one front end: one framed `Results`."""
-    def deliver(items: list[tuple[EngineSession, Any]]) -> None:
-        results = Results([], [])
-        for session, item in items:
-            results.stream_ids.append(session.id)
-            results.chunks.append((item.tokens, item.times, item.frame_start, item.frame_end))
-        _frame([results])
-    return deliver
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
@@ -114,9 +104,7 @@ def main() -> None:
     # --queued-only: as on a GPU, whose steps copy the samples straight from the streams' rings
     rec = Recognizer(m, capacity=args.streams, att_context=(m.dims.att_context(None)[0], right),
                      ring_copy=True if args.queued_only else None)
-    d = m.dims.d_model
-
-    rec.encoder_step = _NoEncoder(right + 1, d)  # type: ignore[assignment]
+    rec.encoder_step = _NoEncoder(right + 1, m.dims.d_model)  # type: ignore[assignment]
     rec.search = _NoSearch(rec.search)  # type: ignore[assignment]
     no_frames = _NoFrames(rec._logmel)
     rec._feature_maker = lambda device: no_frames  # type: ignore[assignment, method-assign, return-value]
@@ -128,9 +116,10 @@ def main() -> None:
         rec._ring_segments = lambda lo, hi, rows, at, size, device: torch.empty(  # type: ignore[method-assign]
             rows.shape[0], size)
     # The engine's own bookkeeping too (readiness, launch, landing, delivery to each front end's
-    # sink), called here on this thread as its thread would: no other thread runs.
+    # sink: its framed messages, as `Bridge` sends them), called here on this thread as its thread
+    # would: no other thread runs.
     engine = Engine(rec, max_batch=args.streams, batch_wait_s=0.0, pipeline=False)
-    sinks = [_sink() for _ in range(max(1, args.front_ends))]
+    sinks = [lambda items: _frame(front_messages(items)) for _ in range(max(1, args.front_ends))]
     sessions = [EngineSession(id=i, sink=sinks[i % len(sinks)]) for i in range(args.streams)]
     for session in sessions:
         engine._open(session)
@@ -148,7 +137,7 @@ def main() -> None:
         for ids in fronts:
             for j in range(0, chunk, piece):
                 a = audio[base + j: base + min(j + piece, chunk)]
-                frame = b"".join(_frame(StreamAudio(ids, [a.size] * len(ids), np.tile(a, len(ids)))))
+                frame = b"".join(_frame([StreamAudio(ids, [a.size] * len(ids), np.tile(a, len(ids)))]))
                 out.append((bytearray(frame[HEADER.size:]), HEADER.unpack_from(frame)[1]))
         return out
 
@@ -157,8 +146,9 @@ def main() -> None:
         t0 = time.perf_counter()
         if fronts:  # as `Bridge._apply`
             for body, nbuf in framed:
-                for stream_id, samples in _load(body, nbuf).pieces():
-                    engine.take_audio(sessions[stream_id], samples)
+                for message in _load(body, nbuf):  # a channel message is a list of them
+                    for stream_id, samples in message.pieces():
+                        engine.take_audio(sessions[stream_id], samples)
         else:
             base = (k % 10) * chunk
             for session in sessions:

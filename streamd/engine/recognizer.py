@@ -74,9 +74,9 @@ class Recognizer:
     pinned memory, on a CUDA stream of its own that overlaps the step before; a step's streams
     go into parts in slot order, so that each part's range is short) and cuts each stream's
     segment out there, so the host copies no samples; the rings are pinned when the model starts
-    on a GPU. False: each stream copies its segment into
-    one batch on the host (`Stream.take`), which is then copied (the reference path, and the
-    CPU's: there the batch is where the features are computed). None: True on a GPU whose rings
+    on a GPU. False: each stream copies its segment into one batch on the host (`Stream.take`),
+    which is then copied (the reference path, and the CPU's: there the batch is where the
+    features are computed). None: True on a GPU whose rings
     are pinned and whose features are computed there, else False."""
 
     def __init__(self, model: Transducer, capacity: int, att_context: tuple[int, int] | None = None,
@@ -105,7 +105,7 @@ class Recognizer:
         self._rings = torch.zeros((capacity, full + max(full // 2, 4096)), dtype=torch.float32,
                                   pin_memory=model.device.type == "cuda")
         self._samples = self._rings.numpy()
-        self._rings_pinned = self._rings.is_pinned()
+        self._rings_pinned = self._rings.is_pinned()  # asked once: each part would ask (a torch call)
         self._held: list[Stream] = []  # streams whose ring positions the last launch's copies hold
         self._copied: list[torch.cuda.Event] = []  # recorded after those copies (none off CUDA)
         self._copy_streams: dict[torch.device, torch.cuda.Stream] = {}  # see `_copy_stream`
@@ -272,16 +272,17 @@ class Recognizer:
         started = _event(device)  # before the step's first device work
         self._reset_fresh(cache, dec)
         order = None
-        if self._copies_rings(device):  # parts of neighbouring slots: each copies a short slot range
+        from_rings = self._copies_rings(device)
+        if from_rings:  # parts of neighbouring slots: each copies a short slot range
             order = sorted(range(len(streams)), key=lambda i: streams[i].slot)
             streams = [streams[i] for i in order]
-        return Launched(self, [self._launch_part(streams[a:b], cache, dec) for a, b in self._parts(len(streams))],
-                        device, started, order)
+        parts = [self._launch_part(streams[a:b], cache, dec, from_rings) for a, b in self._parts(len(streams))]
+        return Launched(self, parts, device, started, order)
 
-    def _launch_part(self, streams: list[Stream], cache: EncoderCache, dec: DecoderState) -> _Part:
+    def _launch_part(self, streams: list[Stream], cache: EncoderCache, dec: DecoderState, from_rings: bool) -> _Part:
         """Queue one part's features, windows, encoder step and decoder; the rows are independent
         of every other part's, so parts run back to back on the device while the host prepares
-        the next."""
+        the next. `from_rings`: the device copies the samples from the rings (`ring_copy`)."""
         device = cache.channel.device
         g, n = self.geometry, len(streams)
         # Per-stream work is some counting (and on the host batch's path one numpy copy); torch
@@ -291,7 +292,7 @@ class Recognizer:
         news = [s.next_frames() for s in streams]
         k = max(news, default=1)
         slots = [s.slot for s in streams]
-        from_rings = bool(n) and self._copies_rings(device)
+        from_rings = from_rings and n > 0
         meta = _host(device, (n, 5 + g.window + PRE_ENCODE_CACHE), torch.int64)  # the last column: ring positions
         meta_np = meta.numpy()
         if from_rings:  # the device copies the samples from the rings: the streams only count

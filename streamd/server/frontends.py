@@ -146,19 +146,12 @@ class Bridge:
     # -- engine -> front end ---------------------------------------------------------------------
     def _deliver(self, items: list[tuple[EngineSession, ResultItem]]) -> None:
         """The engine's sink for this front end's sessions (on the engine thread)."""
-        results = Results([], [])
-        ended: list[ToFront] = []  # after the results: a stream's last result comes before its end
-        for s, item in items:
-            if item is None:
-                ended.append(Done(s.id))
-                self.sessions.pop(s.id, None)
-            elif isinstance(item, StreamFailed):
-                ended.append(Failed(s.id, str(item)))
-            else:
-                results.stream_ids.append(s.id)
-                results.chunks.append((item.tokens, item.times, item.frame_start, item.frame_end))
+        messages = front_messages(items)
+        for m in messages:
+            if isinstance(m, Done):
+                self.sessions.pop(m.stream_id, None)
         if not self.gone:
-            self.channel.send(([results] if results.stream_ids else []) + ended)
+            self.channel.send(messages)
 
     def post(self, messages: list[ToFront]) -> None:
         """Send `messages` to the front end (from any thread: the engine thread writes them at
@@ -169,6 +162,23 @@ class Bridge:
         """Write `messages` to the channel (engine thread)."""
         if not self.gone:
             self.channel.send(messages)
+
+
+def front_messages(items: list[tuple[EngineSession, ResultItem]]) -> list[ToFront]:
+    """One engine hand-over for a front end's sessions as channel messages: one `Results` with
+    every result, then the `Done` and `Failed` of the streams it finished (a stream's last result
+    comes before its end)."""
+    results = Results([], [])
+    ended: list[ToFront] = []
+    for s, item in items:
+        if item is None:
+            ended.append(Done(s.id))
+        elif isinstance(item, StreamFailed):
+            ended.append(Failed(s.id, str(item)))
+        else:
+            results.stream_ids.append(s.id)
+            results.chunks.append((item.tokens, item.times, item.frame_start, item.frame_end))
+    return ([results] if results.stream_ids else []) + ended
 
 
 class FrontEnds:
