@@ -137,6 +137,13 @@ def nonspeech_report(model: Transducer, tokenizer: Any, n: int, right_context: i
             "examples": [h for h in hyps if normalize(h)][:10]}
 
 
+def pooled_wer(results: dict[str, Any], col: str, mode: str) -> float:
+    """Corpus WER over all sets together (their errors over their words), e.g. the real-speech dev
+    split from its per-source sets."""
+    errors = sum(res[col][mode]["errors"] for res in results.values())
+    return 100.0 * errors / max(sum(res[col][mode]["words"] for res in results.values()), 1)
+
+
 def markdown(results: dict[str, Any], contexts: Sequence[int]) -> str:
     cols = [f"R{r}" for r in contexts]
     lines = ["## WER (%) by lookahead R (encoder frames of 80 ms)", "",
@@ -147,6 +154,12 @@ def markdown(results: dict[str, Any], contexts: Sequence[int]) -> str:
             if mode in res[cols[0]]:
                 lines.append(f"| {name} ({res['utterances']} utts) | {mode} | "
                              + " | ".join(f"{res[c][mode]['wer']:.2f}" for c in cols) + " |")
+    if len(results) > 1:
+        utts = sum(res["utterances"] for res in results.values())
+        for mode in ("streaming", "offline"):
+            if all(mode in res[cols[0]] for res in results.values()):
+                lines.append(f"| all {len(results)} sets pooled ({utts} utts) | {mode} | "
+                             + " | ".join(f"{pooled_wer(results, c, mode):.2f}" for c in cols) + " |")
     for name, res in results.items():
         lines += ["", f"## {name}: streaming WER (%) per voice", "",
                   "| voice | words | " + " | ".join(f"R={r}" for r in contexts) + " |",

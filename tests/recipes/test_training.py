@@ -408,6 +408,10 @@ def test_evaluate_streaming_matches_offline(corpus: Path, tmp_path: Path) -> Non
         assert res["streaming"]["errors"] == res["offline"]["errors"]  # streaming = offline, chunk for chunk
     md = (tmp_path / "eval" / "eval.md").read_text()
     assert "| reserved (4 utts) | streaming |" in md and "espeak-ng:v1" in md
+    pooled = 100 * sum(results[s]["R0"]["streaming"]["errors"] for s in ("reserved", "train-voices")) / sum(
+        results[s]["R0"]["streaming"]["words"] for s in ("reserved", "train-voices"))
+    assert evaluate.pooled_wer(results, "R0", "streaming") == pytest.approx(pooled)
+    assert "| all 2 sets pooled (8 utts) | streaming |" in md
     assert json.loads((tmp_path / "eval" / "eval.json").read_text())["results"]["train-voices"]["utterances"] == 4
 
 
