@@ -12,7 +12,8 @@
    streams on an H200). The captures are spaced out (`Pacer`): serving catches up between them.
    Every CUDA call of this preparation that could break a capture on the engine thread (a
    synchronize, `empty_cache`, a capture) holds `cuda_capture.DEVICE_LOCK`, as the engine
-   thread's captures do.
+   thread's captures do, and its work is queued on a stream of its own, never the legacy
+   default stream (`cuda_capture.own_stream`).
    On a GPU the preparation leaves `MIN_FREE` of the target's memory to serving (`MemoryGuard`):
    a target whose weights and slot state would not fit beside what serves now is refused before
    anything is allocated, and graph captures stop when free memory falls to that share (the
@@ -42,7 +43,7 @@ from typing import Any, Protocol
 
 import torch
 
-from streamd.cuda_capture import DEVICE_LOCK
+from streamd.cuda_capture import DEVICE_LOCK, own_stream
 from streamd.engine import probes
 from streamd.engine.encoder_step import EncoderStep
 from streamd.engine.placement import DTYPE_NAMES, move_model
@@ -283,6 +284,13 @@ def cut_over(rec: Recognizer, target: Transducer, staged: EncoderCache | None = 
     return (t2 - t0) * 1000, rec.active, release
 
 
+def _off_legacy(device: torch.device, fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)` with its CUDA work on a stream of this worker thread's own, finished when it
+    returns (`cuda_capture.own_stream`): the engine thread may be capturing meanwhile."""
+    with own_stream(device):
+        return fn(*args)
+
+
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         with DEVICE_LOCK:
@@ -330,8 +338,9 @@ async def migrate(engine: Host, master: Transducer, device: torch.device | None,
         guard = MemoryGuard(dev)
         need = target_bytes(master, dt, rec.capacity, rec.att_context, rec.kv_cache)
         await asyncio.to_thread(guard.require, need, "the model and its stream state")
-        target = await asyncio.to_thread(placed_copy, master, dev, dt, rec.att_context)
-        staged = await asyncio.to_thread(stage_cache, target, rec.capacity, rec.att_context, rec.kv_cache)
+        target = await asyncio.to_thread(_off_legacy, dev, placed_copy, master, dev, dt, rec.att_context)
+        staged = await asyncio.to_thread(_off_legacy, dev, stage_cache, target, rec.capacity, rec.att_context,
+                                         rec.kv_cache)
         now = time.monotonic()
         in_use = [rec.graph_sizes(now - HOT_S), rec.graph_sizes(now - IN_USE_S)]
         pace = Pacer()
@@ -340,7 +349,7 @@ async def migrate(engine: Host, master: Transducer, device: torch.device | None,
             pace()
             return guard.room()
 
-        steps = await asyncio.to_thread(prepare_steps, rec, target, in_use, room)
+        steps = await asyncio.to_thread(_off_legacy, dev, prepare_steps, rec, target, in_use, room)
         report.prepare_ms = (time.perf_counter() - t0) * 1000
         report.paced_ms = pace.waited * 1000
         report.recapture_ms, report.graphs = steps.capture_ms - report.paced_ms, steps.graphs

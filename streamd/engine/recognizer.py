@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from streamd.buckets import bucket_size
-from streamd.cuda_capture import synchronize_and_free
+from streamd.cuda_capture import leave_legacy_stream, synchronize_and_free
 from streamd.decoding.graphs import BucketedGraphDecoder, GraphGreedyLabelLooping
 from streamd.decoding.greedy import BatchedHyps, GreedyLabelLooping
 from streamd.decoding.state import DecoderState
@@ -232,8 +232,11 @@ class Recognizer:
             stream.slot = -1
 
     def state_tensors(self) -> tuple[EncoderCache, DecoderState]:
-        """The slot state on the model's current device and dtype (moved here if it is not)."""
+        """The slot state on the model's current device and dtype (moved here if it is not).
+        The calling (engine) thread's work on that device goes on a stream of its own from now on
+        (`leave_legacy_stream`: the legacy default stream fails while another thread captures)."""
         device, dtype = self.model.device, self.model.dtype
+        leave_legacy_stream(device)
         staged, self._staged = self._staged, None  # used now or never: it must not pin memory
         if staged is not None and (staged.channel.device != device or staged.channel.dtype != dtype
                                    or staged.kv != self.kv_cache

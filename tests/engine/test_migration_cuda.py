@@ -1,11 +1,13 @@
-"""Migration and CUDA graph capture on a GPU: a migration prepared while the engine thread
-captures graphs succeeds and breaks no capture; a capture that fails (a synchronize inside it:
+"""Migration and CUDA graph capture on a GPU: engine steps go on while another thread holds a
+capture open; a migration prepared while the engine thread captures graphs succeeds and breaks
+no capture; a capture that fails (a synchronize inside it:
 CUDA invalidates the capture) does not poison the next capture into the same memory pool; the
 target's graphs are captured before the cut-over, so the steps after it capture nothing."""
 from __future__ import annotations
 
 import asyncio
 import copy
+import threading
 from typing import Any
 
 import numpy as np
@@ -13,6 +15,7 @@ import pytest
 import torch
 
 from helpers import random_model
+from streamd import cuda_capture
 from streamd.decoding.graphs import EAGER as DEC_EAGER, GraphGreedyLabelLooping, SharedPoolBackend, make_decoder
 from streamd.engine.encoder_step import GRAPHS, EncoderGraphBackend, EncoderStep, make_encoder_step
 from streamd.engine.engine import Engine
@@ -88,6 +91,61 @@ def engine_on_cuda(master: Any, slots: int, fallbacks: list[str]) -> tuple[Engin
                      encoder_factory=lambda m: make_encoder_step(m, "auto", slots, fallbacks.append),
                      keep_transcripts=False)
     return Engine(rec, max_batch=slots, batch_wait_s=0.02), rec
+
+
+def test_steps_go_on_while_another_thread_holds_a_capture_open() -> None:
+    """The H200 failure of 2026-12-05: while a migration's preparation captured its target's
+    graphs, engine steps queued on the legacy default stream failed ("operation would make the
+    legacy stream depend on a capturing blocking stream") and dropped 1,562 streams. Here steps
+    whose samples the device copies from pinned rings (a copy stream and an event wait, where it
+    failed) run while another thread holds a capture open; every step and the capture succeed."""
+    master = random_model(5, att_context_sizes=CONTEXT, d_model=128, n_layers=4, subsampling_channels=64)
+    rng = np.random.default_rng(2)
+    dev = torch.device("cuda")
+    holding, done = threading.Event(), threading.Event()
+
+    def hold_a_capture() -> Any:  # as a migration's preparation does, on its own stream
+        x = torch.ones(256, 256, device=dev)
+
+        def fn() -> None:
+            for _ in range(20):
+                x.mul_(1.0)
+            holding.set()
+            done.wait(30)  # the capture stays open while the engine steps
+
+        graph = torch.cuda.CUDAGraph()
+        with cuda_capture.own_stream(dev):
+            cuda_capture.capture(graph, fn, dev, cuda_capture.GraphPool(dev), torch.cuda.Stream(dev))
+        return graph
+
+    async def main() -> None:
+        rec = Recognizer(copy.deepcopy(master).cuda(), 16, CONTEXT[0], keep_transcripts=False, ring_copy=True,
+                         search_factory=lambda m: make_decoder(m, DEC_EAGER),
+                         encoder_factory=lambda m: make_encoder_step(m, "eager", 16))
+        engine = Engine(rec, max_batch=16, batch_wait_s=0.02)
+        engine.start()
+        try:
+            sessions = [await engine.open() for _ in range(16)]
+            chunk = rec.geometry.samples_for(rec.geometry.frames_after(1))
+            capturing = asyncio.ensure_future(asyncio.to_thread(hold_a_capture))
+            assert await asyncio.to_thread(holding.wait, 30)
+            for _ in range(4):
+                for s in sessions:
+                    engine.push(s, rng.standard_normal(chunk).astype(np.float32) * 0.1)
+                for s in sessions:
+                    result = await asyncio.wait_for(s.results.get(), 60)
+                    assert not isinstance(result, Exception), result
+                chunk = rec.geometry.chunk_ms * 16
+            assert not capturing.done()  # the steps ran while the capture was open
+            done.set()
+            graph = await capturing
+            graph.replay()
+            torch.cuda.synchronize()
+        finally:
+            done.set()
+            await engine.stop()
+
+    asyncio.run(main())
 
 
 def test_a_migration_prepared_while_the_engine_captures_breaks_nothing() -> None:
