@@ -17,13 +17,16 @@ op), the pool keeps the reference the capture took, and the capture stream stays
 `capture` undoes each of these on failure (`unwind`); torch 2.12 and later undo some themselves,
 and every step tolerates that.
 
-Neither thread queues work on the legacy default stream: while any stream of the device captures,
-CUDA refuses work there that would depend on it ("operation would make the legacy stream depend
-on a capturing blocking stream", cudaErrorStreamCaptureImplicit), and the capture is invalidated.
-On an H200 at 3,000 streams that failed four engine steps (1,562 streams) while a migration
-captured its target's graphs. The engine thread serves on a stream of its own
-(`leave_legacy_stream`, for the thread's life, on each device it steps on) and a migration's
-preparation runs its work on one of its own (`own_stream`).
+Every stream either thread uses is its own (`private_stream`). torch hands out the 32 streams of
+its pool round-robin, so a `torch.cuda.Stream()` made for each capture sooner or later is the very
+CUDA stream another thread queues its steps' copies on: that thread's work then joins the capture
+or depends on it, and both fail (on an H200, while a migration captured its target's ~50 graphs:
+"operation would make the legacy stream depend on a capturing blocking stream",
+"dependency created on uncaptured work in another stream", "operation not permitted on an event
+last recorded in a capturing stream"; thousands of streams dropped). A private stream is one no
+other live thread holds; a thread gives its streams back when it ends. Neither thread queues on
+the legacy default stream either: the engine thread serves on a private stream
+(`leave_legacy_stream`) and a migration's preparation runs on one (`own_stream`).
 """
 from __future__ import annotations
 
@@ -47,16 +50,48 @@ RESET_KEEPS_FAILED_POOLS = torch.torch_version.TorchVersion(torch.__version__) <
 ABANDONED: list[Any] = []
 
 
-_THREAD_STREAMS = threading.local()  # .by_device: {device index: the calling thread's own stream}
+_TAKEN_LOCK = threading.Lock()
+_TAKEN: dict[int, set[int]] = {}  # device index -> CUDA stream handles some live thread holds
 
 
-def _thread_stream(device: torch.device) -> Any:
-    """The calling thread's own stream on `device` (made on its first use)."""
-    streams: dict[int, Any] = _THREAD_STREAMS.__dict__.setdefault("by_device", {})
+class _ThreadStreams:
+    """One thread's private streams, {(device index, purpose): stream}; given back when the
+    thread ends (its thread-local data, and so this object, go then)."""
+
+    def __init__(self) -> None:
+        self.streams: dict[tuple[int, str], Any] = {}
+
+    def __del__(self) -> None:
+        try:
+            with _TAKEN_LOCK:
+                for (index, _), stream in self.streams.items():
+                    _TAKEN.get(index, set()).discard(stream.cuda_stream)
+        except Exception:  # noqa: BLE001 - at interpreter exit the module's globals may be gone
+            pass
+
+
+_LOCAL = threading.local()
+
+
+def private_stream(device: torch.device, purpose: str) -> Any:
+    """The calling thread's stream for `purpose` ("serve", "copy", "capture", ...) on `device`,
+    made on first use: a stream of torch's pool that no other live thread holds (see the module
+    docstring). Raises RuntimeError when every stream of the pool is held."""
+    mine: _ThreadStreams = _LOCAL.__dict__.setdefault("streams", _ThreadStreams())
     index = _index(device)
-    if index not in streams:
-        streams[index] = torch.cuda.Stream(index)  # type: ignore[no-untyped-call]
-    return streams[index]
+    stream = mine.streams.get((index, purpose))
+    if stream is None:
+        with _TAKEN_LOCK:
+            taken = _TAKEN.setdefault(index, set())
+            for _ in range(64):  # the pool's 32 streams, twice round
+                candidate = torch.cuda.Stream(index)  # type: ignore[no-untyped-call]
+                if candidate.cuda_stream not in taken:
+                    taken.add(candidate.cuda_stream)
+                    stream = mine.streams[(index, purpose)] = candidate
+                    break
+            else:
+                raise RuntimeError(f"every CUDA stream of torch's pool on cuda:{index} is held by a live thread")
+    return stream
 
 
 def leave_legacy_stream(device: torch.device) -> None:
@@ -70,7 +105,7 @@ def leave_legacy_stream(device: torch.device) -> None:
     legacy = torch.cuda.current_stream(device)
     if legacy.cuda_stream != 0:
         return
-    own = _thread_stream(device)
+    own = private_stream(device, "serve")
     own.wait_stream(legacy)
     with torch.cuda.device(device):
         torch.cuda.set_stream(own)
@@ -83,7 +118,7 @@ def own_stream(device: torch.device) -> Iterator[None]:
     if device.type != "cuda":
         yield
         return
-    stream = _thread_stream(device)
+    stream = private_stream(device, "work")
     with torch.cuda.stream(stream):
         yield
     stream.synchronize()
@@ -187,7 +222,7 @@ def settle_generator(device: torch.device) -> None:
     which succeeds, takes it out. If this capture fails too, it is unwound without settling."""
     with torch.cuda.device(device):
         scratch = torch.zeros(1, device=device)
-        side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+        side = private_stream(device, "settle")
         side.wait_stream(torch.cuda.current_stream(device))
         graph = torch.cuda.CUDAGraph()
         handle = torch.cuda.graph_pool_handle()

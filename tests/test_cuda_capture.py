@@ -5,6 +5,8 @@ recordings itself) does. The real thing: tests/engine/test_migration_cuda.py on 
 from __future__ import annotations
 
 import contextlib
+import gc
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -19,6 +21,15 @@ DEV = torch.device("cuda", 0)
 
 
 class Stream:
+    """torch's pool hands its streams out round-robin: the `POOL`-th new one is the first again."""
+
+    POOL = 4
+    made = 0
+
+    def __init__(self) -> None:
+        self.cuda_stream = Stream.made % Stream.POOL + 1  # 0 is the legacy default stream
+        Stream.made += 1
+
     def wait_stream(self, other: Any) -> None:
         pass
 
@@ -122,6 +133,8 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeTorch:
 def install(monkeypatch: pytest.MonkeyPatch, fake: FakeTorch) -> FakeTorch:
     monkeypatch.setattr(cuda_capture, "torch", fake)
     monkeypatch.setattr(cuda_capture, "ABANDONED", [])
+    monkeypatch.setattr(cuda_capture, "_LOCAL", threading.local())  # no private stream of the real torch
+    monkeypatch.setattr(cuda_capture, "_TAKEN", {})
     monkeypatch.setattr(cuda_capture, "RESET_KEEPS_FAILED_POOLS", not fake.ends_recording_on_failure)
     return fake
 
@@ -194,3 +207,29 @@ def test_a_capture_waits_for_its_caller_only(fake: FakeTorch, monkeypatch: pytes
     graph = fake.cuda.CUDAGraph()
     cuda_capture.capture(graph, lambda: None, DEV, cuda_capture.GraphPool(DEV), Side())
     assert graph.ended and calls == ["waited for the caller"]
+
+
+def test_private_streams_are_never_another_live_threads(fake: FakeTorch) -> None:
+    """The H200 failure: a capture on a new pool stream that was the very stream another thread
+    copied its steps' samples on. A thread's private streams are distinct from every other live
+    thread's, whatever the pool's round-robin gives; a thread that ends gives its streams back."""
+    engine = [cuda_capture.private_stream(DEV, p) for p in ("serve", "copy")]
+    assert cuda_capture.private_stream(DEV, "copy") is engine[1]  # made once per thread
+    other: list[Any] = []
+
+    def prepare() -> None:  # a migration's thread: its own stream and one per capture purpose
+        other.extend(cuda_capture.private_stream(DEV, p) for p in ("work", "capture"))
+        with pytest.raises(RuntimeError, match="every CUDA stream"):  # the pool (4) is all held
+            cuda_capture.private_stream(DEV, "settle")
+
+    t = threading.Thread(target=prepare)
+    t.start()
+    t.join()
+    handles = [s.cuda_stream for s in engine + other]
+    assert len(set(handles)) == 4, handles
+    del other[:], t
+    gc.collect()
+    t = threading.Thread(target=lambda: other.append(cuda_capture.private_stream(DEV, "capture")))
+    t.start()
+    t.join()  # the ended thread's two streams were free again
+    assert other[0].cuda_stream not in {s.cuda_stream for s in engine}

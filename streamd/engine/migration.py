@@ -34,10 +34,11 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Protocol
 
@@ -284,6 +285,16 @@ def cut_over(rec: Recognizer, target: Transducer, staged: EncoderCache | None = 
     return (t2 - t0) * 1000, rec.active, release
 
 
+# A migration's preparation runs on this one thread: its private CUDA streams
+# (`cuda_capture.private_stream`) are made once, not once for each thread of a pool.
+_PREPARING = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamd-migration")
+
+
+async def _prepare(fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)` on the migration thread, awaited."""
+    return await asyncio.get_running_loop().run_in_executor(_PREPARING, functools.partial(fn, *args))
+
+
 def _off_legacy(device: torch.device, fn: Callable[..., Any], *args: Any) -> Any:
     """`fn(*args)` with its CUDA work on a stream of this worker thread's own, finished when it
     returns (`cuda_capture.own_stream`): the engine thread may be capturing meanwhile."""
@@ -337,9 +348,9 @@ async def migrate(engine: Host, master: Transducer, device: torch.device | None,
         t0 = time.perf_counter()
         guard = MemoryGuard(dev)
         need = target_bytes(master, dt, rec.capacity, rec.att_context, rec.kv_cache)
-        await asyncio.to_thread(guard.require, need, "the model and its stream state")
-        target = await asyncio.to_thread(_off_legacy, dev, placed_copy, master, dev, dt, rec.att_context)
-        staged = await asyncio.to_thread(_off_legacy, dev, stage_cache, target, rec.capacity, rec.att_context,
+        await _prepare(guard.require, need, "the model and its stream state")
+        target = await _prepare(_off_legacy, dev, placed_copy, master, dev, dt, rec.att_context)
+        staged = await _prepare(_off_legacy, dev, stage_cache, target, rec.capacity, rec.att_context,
                                          rec.kv_cache)
         now = time.monotonic()
         in_use = [rec.graph_sizes(now - HOT_S), rec.graph_sizes(now - IN_USE_S)]
@@ -349,7 +360,7 @@ async def migrate(engine: Host, master: Transducer, device: torch.device | None,
             pace()
             return guard.room()
 
-        steps = await asyncio.to_thread(_off_legacy, dev, prepare_steps, rec, target, in_use, room)
+        steps = await _prepare(_off_legacy, dev, prepare_steps, rec, target, in_use, room)
         report.prepare_ms = (time.perf_counter() - t0) * 1000
         report.paced_ms = pace.waited * 1000
         report.recapture_ms, report.graphs = steps.capture_ms - report.paced_ms, steps.graphs
@@ -371,5 +382,5 @@ async def migrate(engine: Host, master: Transducer, device: torch.device | None,
             pass  # no step since: nothing to measure
         else:
             report.serving_gap_ms = (after - before) * 1000
-    await asyncio.to_thread(release)
+    await _prepare(release)
     return report

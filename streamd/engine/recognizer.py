@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from streamd.buckets import bucket_size
-from streamd.cuda_capture import leave_legacy_stream, synchronize_and_free
+from streamd.cuda_capture import leave_legacy_stream, private_stream, synchronize_and_free
 from streamd.decoding.graphs import BucketedGraphDecoder, GraphGreedyLabelLooping
 from streamd.decoding.greedy import BatchedHyps, GreedyLabelLooping
 from streamd.decoding.state import DecoderState
@@ -108,7 +108,6 @@ class Recognizer:
         self._rings_pinned = self._rings.is_pinned()  # asked once: each part would ask (a torch call)
         self._held: list[Stream] = []  # streams whose ring positions the last launch's copies hold
         self._copied: list[torch.cuda.Event] = []  # recorded after those copies (none off CUDA)
-        self._copy_streams: dict[torch.device, torch.cuda.Stream] = {}  # see `_copy_stream`
         self._free = list(range(capacity - 1, -1, -1))
         self._fresh: dict[int, None] = {}  # slots opened since the last step: rows still to reset
         self._cache: EncoderCache | None = None
@@ -347,11 +346,9 @@ class Recognizer:
         return rings[(rows - lo)[:, None], index]
 
     def _copy_stream(self, device: torch.device) -> torch.cuda.Stream:
-        """The CUDA stream the copies from the rings run on, one per device."""
-        side = self._copy_streams.get(device)
-        if side is None:
-            side = self._copy_streams[device] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-        return side
+        """The CUDA stream the copies from the rings run on: the launching thread's private one
+        (`cuda_capture.private_stream`: never a stream another thread captures on)."""
+        return private_stream(device, "copy")
 
     def _release_rings(self) -> None:
         """Once the last launch's copies from the rings have happened (a wait only if they are
