@@ -236,7 +236,8 @@ def run_daemon(args: argparse.Namespace, model: Path, moves: list[str], tag: str
                             "pause_ms": report.get("pause_ms"), "recapture_ms": report.get("recapture_ms"),
                             "paced_ms": report.get("paced_ms"),
                             "graphs": report.get("graphs"), "serving_gap_ms": report.get("serving_gap_ms"),
-                            "streams_live": report.get("streams"), "encoder": status.get("encoder"),
+                            "streams_live": report.get("streams"), "streams_failed": report.get("streams_failed"),
+                            "encoder": status.get("encoder"),
                             "decoder": status.get("decoder"), "eager_reason": status.get("eager_reason")})
             print(f"  [{tag}] {reports[-1]}", flush=True)
             # so far, in case the run is stopped before the clients' latencies are in (overwritten at the end)

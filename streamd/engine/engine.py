@@ -95,6 +95,7 @@ class Engine:
         self._flight: deque[_Step] = deque()  # launched steps, oldest first (at most two)
         self._held: deque[Command] = deque()  # commands that wait until no step is in flight
         self._landed_at = 0.0  # when the last step's results were delivered (perf_counter)
+        self.streams_failed = 0  # streams ended by a failed step since start (a migration reports its share)
         self._last_landed: Launched | None = None  # the step before the one landing next, on the device
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -413,6 +414,7 @@ class Engine:
 
     def _fail(self, batch: list[EngineSession], error: Exception) -> None:
         log.error("engine step failed for %d streams", len(batch), exc_info=error)
+        self.streams_failed += len(batch)
         for s in batch:
             s.in_flight = 0
             if s.stream is not None:

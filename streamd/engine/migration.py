@@ -80,6 +80,9 @@ class MigrationReport:
     # last results delivered before the pause -> first after it (at most one chunk counted
     # before the pause); None: no stream had a chunk waiting at the cut-over, or no step came
     serving_gap_ms: float | None = None
+    # streams a failed engine step ended while the move was prepared and cut over (0 when all
+    # went well; the H200 runs of 2026-12-05 had thousands behind moves that reported ok)
+    streams_failed: int = 0
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -318,6 +321,7 @@ class Host(Protocol):
     """What a migration needs of the engine it moves (`Engine`)."""
 
     recognizer: Recognizer
+    streams_failed: int
 
     async def call(self, fn: Callable[[Recognizer], Any]) -> Any: ...
 
@@ -338,6 +342,7 @@ async def migrate(engine: Host, master: Transducer, device: torch.device | None,
     rec = engine.recognizer
     source = placement(rec.model)
     report = MigrationReport(False, source, source, 0.0, 0.0, rec.active, at=time.time())
+    failed_before = engine.streams_failed
     try:
         dev = device if device is not None else rec.model.device
         dt = dtype if dtype is not None else rec.model.dtype
@@ -374,6 +379,7 @@ async def migrate(engine: Host, master: Transducer, device: torch.device | None,
         report.ok = True
     except Exception as e:  # noqa: BLE001 - whatever failed, serving goes on where it was
         report.error = str(e) if isinstance(e, (ValueError, MigrationFailed)) else f"{type(e).__name__}: {e}"
+        report.streams_failed = engine.streams_failed - failed_before
         return report
     if landed is not None:
         try:
@@ -382,5 +388,6 @@ async def migrate(engine: Host, master: Transducer, device: torch.device | None,
             pass  # no step since: nothing to measure
         else:
             report.serving_gap_ms = (after - before) * 1000
+    report.streams_failed = engine.streams_failed - failed_before
     await _prepare(release)
     return report

@@ -119,6 +119,9 @@ class Control:
                  f"{f', {report.paced_ms:.0f} ms waited between captures' if report.paced_ms else ''}"
                  f"{f', {report.graphs_deferred} left to their first step' if report.graphs_deferred else ''})" if report.ok
                  else f"failed ({report.error}); still on {report.source}")
+        if report.streams_failed:
+            log.error("admin: %d streams were ended by failed engine steps during the migration to %s",
+                      report.streams_failed, report.target)
         self.last_migration = report
         return report
 

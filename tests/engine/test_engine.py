@@ -4,12 +4,14 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import time
 
 import numpy as np
 import pytest
 import torch
 
 from helpers import random_model
+from streamd.engine import migration
 from streamd.engine.recognizer import Recognizer
 from streamd.engine.engine import Engine
 from streamd.engine.step_times import StepTimes
@@ -386,3 +388,43 @@ def test_engine_streams_are_numbered() -> None:
 
     ids = asyncio.run(main())
     assert all(isinstance(i, int) and i >= 0 for i in ids) and len(set(ids)) == 4
+
+
+def test_a_migration_reports_the_streams_failed_steps_ended_meanwhile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step that fails while a move is prepared ends its streams: the move itself may go well,
+    but its report says how many streams were lost meanwhile (the H200 runs of 2026-12-05 lost
+    thousands behind moves that reported ok), and a move with no failure reports 0."""
+    master = random_model(seed=2)
+    audio = np.random.default_rng(5).standard_normal(16000 * 2).astype(np.float32) * 0.1
+
+    async def main() -> None:
+        rec = Recognizer(copy.deepcopy(master), capacity=2)
+        engine = Engine(rec, max_batch=2, batch_wait_s=0.0)
+        engine.start()
+        real_copy, real_launch = migration.placed_copy, rec.launch
+        try:
+            session = await engine.open()
+
+            def broken(streams: list[Stream]) -> object:
+                raise RuntimeError("CUDA error: dependency created on uncaptured work in another stream")
+
+            def copy_while_a_step_fails(*args: object) -> object:  # on the migration thread
+                rec.launch = broken  # type: ignore[method-assign, assignment]
+                engine.push(session, audio)
+                deadline = time.monotonic() + 30
+                while engine.streams_failed == 0 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                rec.launch = real_launch  # type: ignore[method-assign]
+                return real_copy(*args)  # type: ignore[arg-type]
+
+            monkeypatch.setattr(migration, "placed_copy", copy_while_a_step_fails)
+            report = await engine.migrate(master, None, torch.bfloat16)
+            assert report.ok and report.streams_failed == 1, report
+            assert isinstance(await session.results.get(), Exception)
+            monkeypatch.setattr(migration, "placed_copy", real_copy)
+            again = await engine.migrate(master, None, torch.float32)
+            assert again.ok and again.streams_failed == 0, again
+        finally:
+            await engine.stop()
+
+    asyncio.run(main())
