@@ -77,7 +77,9 @@ def private_stream(device: torch.device, purpose: str) -> Any:
     """The calling thread's stream for `purpose` ("serve", "copy", "capture", ...) on `device`,
     made on first use: a stream of torch's pool that no other live thread holds (see the module
     docstring). Raises RuntimeError when every stream of the pool is held."""
-    mine: _ThreadStreams = _LOCAL.__dict__.setdefault("streams", _ThreadStreams())
+    mine: _ThreadStreams | None = getattr(_LOCAL, "streams", None)
+    if mine is None:
+        mine = _LOCAL.streams = _ThreadStreams()
     index = _index(device)
     stream = mine.streams.get((index, purpose))
     if stream is None:
