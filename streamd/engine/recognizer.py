@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -108,6 +109,8 @@ class Recognizer:
         self._rings_pinned = self._rings.is_pinned()  # asked once: each part would ask (a torch call)
         self._held: list[Stream] = []  # streams whose ring positions the last launch's copies hold
         self._copied: list[torch.cuda.Event] = []  # recorded after those copies (none off CUDA)
+        # (thread, device) that `state_tensors` last moved off the legacy default stream
+        self._off_legacy: tuple[int, torch.device] | None = None
         self._free = list(range(capacity - 1, -1, -1))
         self._fresh: dict[int, None] = {}  # slots opened since the last step: rows still to reset
         self._cache: EncoderCache | None = None
@@ -235,7 +238,9 @@ class Recognizer:
         The calling (engine) thread's work on that device goes on a stream of its own from now on
         (`leave_legacy_stream`: the legacy default stream fails while another thread captures)."""
         device, dtype = self.model.device, self.model.dtype
-        leave_legacy_stream(device)
+        if self._off_legacy != (threading.get_ident(), device):  # a torch call: once per thread and device
+            leave_legacy_stream(device)
+            self._off_legacy = (threading.get_ident(), device)
         staged, self._staged = self._staged, None  # used now or never: it must not pin memory
         if staged is not None and (staged.channel.device != device or staged.channel.dtype != dtype
                                    or staged.kv != self.kv_cache
