@@ -11,8 +11,8 @@ the streams' rings as a GPU does (what is left is the engine thread's share of a
 where the batched work is only queued).
 
 `--front-ends N` adds the daemon's channel work on the engine thread: each piece arrives in a
-`StreamAudio` message of one of N front ends (read from its frame: `channel._load`, cut by
-`StreamAudio.pieces`), and each step's results leave as one framed `Results` per front end,
+`StreamAudio` message of one of N front ends (read from its frame: `channel._load`, taken by
+`Engine.take_pieces`), and each step's results leave as one framed `Results` per front end,
 as `Bridge` does; the front ends' own work (framing the audio, reading the results) is not
 timed.
 
@@ -147,8 +147,7 @@ def main() -> None:
         if fronts:  # as `Bridge._apply`
             for body, nbuf in framed:
                 for message in _load(body, nbuf):  # a channel message is a list of them
-                    for stream_id, samples in message.pieces():
-                        engine.take_audio(sessions[stream_id], samples)
+                    engine.take_pieces([sessions[i] for i in message.stream_ids], message.sizes, message.samples)
         else:
             base = (k % 10) * chunk
             for session in sessions:

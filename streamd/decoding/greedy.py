@@ -31,6 +31,8 @@ class BatchedHyps:
     def to_lists(self) -> list[tuple[list[int], list[int]]]:
         n = self.lengths.tolist()
         width = max(n, default=0)  # only the columns some row uses become Python ints
+        if not width:  # (torch turns a (b, 0) tensor into lists a thousand times slower than this)
+            return [([], []) for _ in n]
         labels, times = self.labels[:, :width].tolist(), self.times[:, :width].tolist()
         return [(labels[b][: n[b]], times[b][: n[b]]) for b in range(len(n))]
 

@@ -338,11 +338,28 @@ class Engine:
                 self._stopping = True
 
     def take_audio(self, session: EngineSession, samples: np.ndarray) -> None:
-        """Queue `session`'s float32 samples now: on the engine thread only (a front end's
-        bridge, which runs there, hands its streams' audio over this way, not as commands).
-        Ignored once the stream has closed or failed."""
+        """Queue `session`'s float32 samples now: on the engine thread only. Ignored once the
+        stream has closed or failed."""
         if session.stream is not None and session.stream.push_audio(samples):
             self._ready_set[session] = None
+
+    def take_pieces(self, sessions: list[EngineSession | None], sizes: list[int], samples: np.ndarray) -> None:
+        """Queue many streams' audio now, on the engine thread only (a front end's bridge, which
+        runs there, hands its streams' audio over this way, not as commands): sizes[i] float32
+        samples of sessions[i], one after the other in `samples`, as `take_audio` would one by one
+        but in a few numpy calls for all (`SlotAudio.push_many`). A None session, or one whose
+        stream has closed or failed, is skipped."""
+        live = [i for i, s in enumerate(sessions) if s is not None and s.stream is not None]
+        if not live:
+            return
+        taken = [sessions[i] for i in live]
+        size = np.asarray(sizes, dtype=np.int64)
+        start = np.cumsum(size) - size
+        pick = np.asarray(live, dtype=np.int64) if len(live) < len(sessions) else slice(None)
+        slots = np.fromiter((s.stream.slot for s in taken), np.int64, len(taken))  # type: ignore[union-attr]
+        ready = self.recognizer.audio.push_many(slots, start[pick], size[pick], samples)
+        for s in itertools.compress(taken, ready.tolist()):
+            self._ready_set[s] = None  # type: ignore[index]
 
     def _open(self, session: EngineSession) -> None:
         session.stream = self.recognizer.open()
@@ -350,10 +367,12 @@ class Engine:
 
     def _count_ready(self) -> int:
         """Streams with a step's worth of input (`_ready_set`, brought up to date)."""
-        for s in self._touched:
-            if s.stream is not None and s.stream.ready:
+        if self._touched:
+            touched = [s for s in self._touched if s.stream is not None]
+            self._touched.clear()
+            slots = np.fromiter((s.stream.slot for s in touched), np.int64, len(touched))  # type: ignore[union-attr]
+            for s in itertools.compress(touched, self.recognizer.audio.ready(slots).tolist()):
                 self._ready_set[s] = None
-        self._touched.clear()
         return len(self._ready_set)
 
     def _launch(self) -> None:

@@ -25,7 +25,7 @@ from streamd.decoding.graphs import BucketedGraphDecoder, GraphGreedyLabelLoopin
 from streamd.decoding.greedy import BatchedHyps, GreedyLabelLooping
 from streamd.decoding.state import DecoderState
 from streamd.engine.encoder_step import EAGER, EncoderStep, make_encoder_step
-from streamd.engine.stream import Stream
+from streamd.engine.stream import SlotAudio, Stream
 from streamd.engine.types import ChunkGeometry, ChunkResult
 from streamd.errors import CapacityError
 from streamd.model.dims import PRE_ENCODE_CACHE
@@ -99,15 +99,17 @@ class Recognizer:
         # Live features are fp32, whatever the model's dtype; the streams' bookkeeping uses this CPU copy.
         self._logmel = copy.deepcopy(model.preprocessor).float().cpu()
         self._device_logmel: LogMel | None = None  # a copy on the model's device, made when needed
-        # Every slot's raw samples, one ring each (`Stream.row`): room for a full step's samples
-        # and half as many more (pieces that do not fit wait in the stream until a step); pinned
+        # Every slot's raw samples, one ring each (`SlotAudio`): room for the samples of the step
+        # in flight (held until the device has copied them), a whole next step's and half as many
+        # more, so that a stream that keeps up writes every piece straight into its ring (pieces
+        # that do not fit wait in `SlotAudio.raw` until a step, at twice the host work); pinned
         # when the model starts on a GPU, so that its steps can copy straight from it (`ring_copy`).
         full = self.geometry.segment_samples(self.geometry.new_frames(False))
-        self._rings = torch.zeros((capacity, full + max(full // 2, 4096)), dtype=torch.float32,
+        self._rings = torch.zeros((capacity, 2 * full + max(full // 2, 4096)), dtype=torch.float32,
                                   pin_memory=model.device.type == "cuda")
-        self._samples = self._rings.numpy()
+        self.audio = SlotAudio(self._rings.numpy(), self.geometry)
         self._rings_pinned = self._rings.is_pinned()  # asked once: each part would ask (a torch call)
-        self._held: list[Stream] = []  # streams whose ring positions the last launch's copies hold
+        self._held: list[np.ndarray] = []  # slots whose ring positions the last launch's copies hold
         self._copied: list[torch.cuda.Event] = []  # recorded after those copies (none off CUDA)
         # (thread, device) that `state_tensors` last moved off the legacy default stream
         self._off_legacy: tuple[int, torch.device] | None = None
@@ -164,7 +166,7 @@ class Recognizer:
             raise CapacityError(f"all {self.capacity} stream slots are in use")
         slot = self._free.pop()
         self._fresh[slot] = None  # its rows are reset at the next step, with all others opened since
-        return Stream.new(slot, self._samples[slot], self.geometry)
+        return Stream.new(slot, self.audio)
 
     def capture_graphs(self, up_to: int, min_free: float = 0.1) -> list[int]:
         """Step silent streams at every batch bucket (encoder's and decoder's) up to `up_to`
@@ -292,29 +294,32 @@ class Recognizer:
         the next. `from_rings`: the device copies the samples from the rings (`ring_copy`)."""
         device = cache.channel.device
         g, n = self.geometry, len(streams)
-        # Per-stream work is some counting (and on the host batch's path one numpy copy); torch
-        # is called a fixed number of times per part. Each torch call releases and re-takes the
-        # GIL, and with a busy event loop in the other thread every re-take can wait a whole
-        # switch interval.
-        news = [s.next_frames() for s in streams]
-        k = max(news, default=1)
-        slots = [s.slot for s in streams]
+        # The streams' counting is a few numpy calls over the part (`SlotAudio`), and torch is
+        # called a fixed number of times per part: no Python per stream on the device's path
+        # (on the host batch's path, one numpy copy per stream). Each torch call releases and
+        # re-takes the GIL, and with a busy event loop in the other thread every re-take can
+        # wait a whole switch interval.
+        audio = self.audio
+        slots = np.fromiter((s.slot for s in streams), np.int64, n)
+        news = audio.next_frames(slots)
+        k = int(news.max()) if n else 1
         from_rings = from_rings and n > 0
         meta = _host(device, (n, 5 + g.window + PRE_ENCODE_CACHE), torch.int64)  # the last column: ring positions
         meta_np = meta.numpy()
         if from_rings:  # the device copies the samples from the rings: the streams only count
-            meta_np[:, -1] = np.array([s.frames_taken for s in streams], dtype=np.int64) * g.hop
-            taken = np.array([s.take(new, None) for s, new in zip(streams, news)], dtype=np.int64)
-            self._held.extend(streams)
+            taken = audio.take_held(slots, news)
+            meta_np[:, -1] = taken[:, 3]
+            self._held.append(slots)
         else:
             meta_np[:, -1] = 0
             samples = _host(device, (n, g.segment_samples(k)), torch.float32)
-            taken = np.array([s.take(new, row) for s, new, row in zip(streams, news, samples.numpy())], dtype=np.int64)
-        _layout(taken.reshape(n, 3), news, slots, g.window, k, meta_np[:, :-1])
+            taken = np.array([audio.take(slot, new, row) for slot, new, row in
+                              zip(slots.tolist(), news.tolist(), samples.numpy())], dtype=np.int64).reshape(n, 3)
+        _layout(taken[:, :3], news, slots, g.window, k, meta_np[:, :-1])
         meta_host, meta = meta, meta.to(device, non_blocking=True)
         if from_rings:
-            samples = self._ring_segments(min(slots), max(slots) + 1, meta[:, 2], meta[:, -1], g.segment_samples(k),
-                                          device)
+            samples = self._ring_segments(int(slots.min()), int(slots.max()) + 1, meta[:, 2], meta[:, -1],
+                                          g.segment_samples(k), device)
         frames = self._frames(samples, meta_host[:, 3], meta[:, 3], device)
         lengths, start, rows = meta[:, 0], meta[:, 1], meta[:, 2]
         mel = self._windows(frames, rows, meta[:, 4:-1])
@@ -361,8 +366,8 @@ class Recognizer:
         for copied in self._copied:
             copied.synchronize()
         self._copied.clear()
-        for s in self._held:
-            s.release()
+        for slots in self._held:
+            self.audio.release(slots)
         self._held.clear()
 
     def _frames(self, samples: Tensor, real_host: Tensor, real: Tensor, device: torch.device) -> Tensor:
@@ -502,13 +507,13 @@ class Launched:
         return out
 
 
-def _layout(taken: np.ndarray, news: list[int], slots: list[int], w: int, k: int, out: np.ndarray) -> None:
-    """Fill `out` (b, 4 + W + 9) int64 from what each stream's `Stream.take` returned (`taken`:
-    (b, 3) lead, tail, real) and its new frames: window length, start, slot and real samples,
+def _layout(taken: np.ndarray, news: np.ndarray, slots: np.ndarray, w: int, k: int, out: np.ndarray) -> None:
+    """Fill `out` (b, 4 + W + 9) int64 from what each stream's `SlotAudio.take` returned (`taken`:
+    (b, 3) lead, tail, real) and its new frames (`news`, (b,)): window length, start, slot and real samples,
     then the gather index of its W window columns into [9 tail frames | K new frames | a zero
     column] (`Recognizer._windows`), then that of its next 9 tail frames. Vectorised."""
     lead, tail = taken[:, 0:1], taken[:, 1:2]
-    new = np.array(news, dtype=np.int64)[:, None]
+    new = news[:, None]
     out[:, 0:1], out[:, 1:2], out[:, 2], out[:, 3] = lead + new, lead - tail, slots, taken[:, 2]
     col = np.arange(w, dtype=np.int64)[None]
     src = col - lead + PRE_ENCODE_CACHE  # window column -> column of [tail | new]

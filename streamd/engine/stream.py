@@ -1,4 +1,4 @@
-"""One live stream's host-side state: its raw samples not yet framed, and what it has consumed.
+"""Live streams' host-side state: their raw samples not yet framed, and what they have consumed.
 
 Chunk geometry (mel frames of one hop, 10 ms at 16 kHz; encoder frames are S = 8 mel frames, 80
 ms), derived from the model's dims: at right context R every step encodes a window of
@@ -7,10 +7,13 @@ frames, later steps S(R+1). The window's leading rows that precede the stream ar
 offline pass's causal zero padding, so streaming output is the offline output, chunk for chunk.
 The last step takes whatever is left.
 
-A stream holds no mel frames: a step copies the raw samples of the frames it consumes, for all
-its streams, into one batch (`Stream.take`), computes their pre-emphasis and frames in one call
-and assembles the windows where the model is (`Recognizer.launch`); the stream only keeps its
-samples (in its slot's row of one array the recognizer owns) and counts samples and frames.
+A stream holds no mel frames: a step takes the raw samples of the frames it consumes, for all
+its streams, computes their pre-emphasis and frames in one call and assembles the windows where
+the model is (`Recognizer.launch`). Every slot's samples and counters live in `SlotAudio`, as
+arrays indexed by slot, so that the engine thread's work per step is a few numpy calls over all
+its streams (`push_many`, `ready`, `next_frames`, `take_held`) rather than Python per stream;
+`Stream` is one slot's handle, with the one-stream operations (`push_audio`, `take`): the
+reference the batched ones are tested against, and what tests and the file decoder use.
 """
 from __future__ import annotations
 
@@ -22,66 +25,281 @@ from streamd.engine.types import ChunkGeometry
 from streamd.model.dims import PRE_ENCODE_CACHE
 
 
-@dataclass(slots=True)
-class Stream:
-    """Audio and frame bookkeeping of one stream; the engine owns its slot in the batched state
-    (encoder and decoder state, and its last encoded mel frames).
+class SlotAudio:
+    """Every slot's samples and audio counters (arrays of `capacity` rows; the engine owns the
+    rest of a slot's state: encoder and decoder state, and its last encoded mel frames).
 
-    Samples live in `row` (the slot's row of the recognizer's sample array), used as a ring:
-    position q of the padded signal (which has `half_window + 1` zeros before sample 0: the
-    offline STFT's centre padding and the zero pre-emphasis reads before the first sample; q = 0
-    is the first of them) is row[q % M]. Nothing is ever moved: a piece is written once, a step
-    copies its samples out once (`take`, in at most two slices). The next step's first sample
-    is at q = frames_taken * hop; everything before it may be overwritten, so a piece that does
-    not fit in the rest of the ring waits in `raw` until a step has made room. A step whose
-    samples the GPU copies from the ring itself (`take` without `out`) holds its positions until
-    `release` (the copy has happened). Everything here is numpy: the engine thread must not spend
-    a GIL release and re-acquire (a torch call) per stream, or a busy event loop stalls it (see
-    `Recognizer.launch`)."""
+    Samples live in `rows` (one row a slot), each used as a ring: position q of a stream's padded
+    signal (which has `half_window + 1` zeros before sample 0: the offline STFT's centre padding
+    and the zero pre-emphasis reads before the first sample; q = 0 is the first of them) is
+    rows[slot, q % M]. Nothing is ever moved: a piece is written once, and a step copies its
+    samples out once (`take`, in at most two slices) or leaves them for the device to copy from
+    the ring itself (`take_held`), held until `release`. The next step's first sample is at
+    q = taken * hop; everything before it (and before a held position) may be overwritten, so a
+    piece that does not fit in the rest of the ring waits in `raw` until a step has made room.
+
+    Counters per slot: `samples` pushed, `written` ring positions (the leading zeros, then
+    samples), `taken` mel frames consumed by steps, `need` new frames the next full step takes,
+    `full_at` samples that make the next full chunk, `held` (-1: none), `steps`, `ended`."""
+
+    def __init__(self, rows: np.ndarray, geometry: ChunkGeometry) -> None:
+        self.rows, self.geometry = rows, geometry  # rows: (capacity, M) float32
+        capacity = rows.shape[0]
+        self.samples, self.written, self.taken = (np.zeros(capacity, np.int64) for _ in range(3))
+        self.need, self.full_at, self.steps = (np.zeros(capacity, np.int64) for _ in range(3))
+        self.held = np.full(capacity, -1, np.int64)
+        self.ended = np.zeros(capacity, bool)
+        self._bytes = memoryview(rows.reshape(-1)).cast("B")  # the rows as one run of bytes (`push_many`)
+        self.raw: dict[int, list[np.ndarray]] = {}  # slot -> audio not in its ring yet, in order
+        self.queued = np.zeros(capacity, bool)  # slot in `raw`
+        self._full_need = geometry.new_frames(False)
+
+    def open(self, slot: int) -> None:
+        """A new stream in `slot`: its counters reset, its leading zeros written."""
+        g = self.geometry
+        lead = g.half_window + 1
+        self.rows[slot, :lead] = 0.0
+        first = g.new_frames(True)
+        self.samples[slot], self.written[slot], self.taken[slot] = 0, lead, 0
+        self.need[slot], self.full_at[slot], self.steps[slot] = first, g.samples_for(first), 0
+        self.held[slot], self.ended[slot], self.queued[slot] = -1, False, False
+        self.raw.pop(slot, None)
+
+    # -- many streams at once (the engine thread's path) ---------------------------------------
+    def push_many(self, slots: np.ndarray, starts: np.ndarray, sizes: np.ndarray, samples: np.ndarray) -> np.ndarray:
+        """Piece i is samples[starts[i]: starts[i] + sizes[i]] of the stream in slots[i] (float32
+        mono at the model's rate; int64 arrays of one length): each copied into its ring, or
+        queued when it does not fit yet, as `push` would one by one. Returns, per piece, whether
+        its stream has a full chunk pending now (after all the pieces)."""
+        if np.unique(slots).size != slots.size:  # a stream twice in one message: one piece at a time
+            for slot, start, size in zip(slots.tolist(), starts.tolist(), sizes.tolist()):
+                self.push(slot, samples[start: start + size])
+            return self.samples[slots] >= self.full_at[slots]
+        m = self.rows.shape[1]
+        written = self.written[slots]
+        fits = (written + sizes - self._keep_from(slots, self.taken[slots] * self.geometry.hop) <= m) \
+            & ~self.queued[slots]
+        # One memcpy a piece (two where it wraps around its ring's end), between memoryviews:
+        # a third of the time numpy's slicing takes for the same copies.
+        at = written % m
+        wraps = at + sizes > m
+        # Byte views: a float32 array's memoryview may say 'f' or '=f', and views of two formats
+        # do not assign.
+        rows, src = self._bytes, memoryview(np.ascontiguousarray(samples, np.float32)).cast("B")
+        for dst, start, end in zip((4 * (slots * m + at))[fits & ~wraps].tolist(), (4 * starts)[fits & ~wraps].tolist(),
+                                   (4 * (starts + sizes))[fits & ~wraps].tolist()):
+            rows[dst: dst + end - start] = src[start: end]
+        for slot, start, size in zip(slots[fits & wraps].tolist(), starts[fits & wraps].tolist(),
+                                     sizes[fits & wraps].tolist()):
+            self._write(slot, samples[start: start + size])
+        self.written[slots[fits & ~wraps]] += sizes[fits & ~wraps]
+        if not fits.all():
+            for slot, start, size in zip(slots[~fits].tolist(), starts[~fits].tolist(), sizes[~fits].tolist()):
+                self._queue(slot, samples[start: start + size])
+        self.samples[slots] += sizes
+        return self.samples[slots] >= self.full_at[slots]
+
+    def ready(self, slots: np.ndarray) -> np.ndarray:
+        """Per slot: a step can run (a full chunk is pending, or the stream ended with frames left)."""
+        return np.where(self.ended[slots], self.frames_left(slots) > 0, self.samples[slots] >= self.full_at[slots])
+
+    def frames_left(self, slots: np.ndarray) -> np.ndarray:
+        """Per slot: mel frames that exist (or will, once computed) and no step has taken yet."""
+        g, samples = self.geometry, self.samples[slots]
+        live = np.where(samples < g.half_window, 0,
+                        np.minimum((samples - g.half_window) // g.hop + 1, samples // g.hop))
+        return np.where(self.ended[slots], samples // g.hop, live) - self.taken[slots]  # `frames_ready`
+
+    def next_frames(self, slots: np.ndarray) -> np.ndarray:
+        """Per slot: new mel frames its next step takes (`Stream.next_frames`)."""
+        need = self.need[slots]
+        full = ~self.ended[slots] & (self.samples[slots] >= self.full_at[slots])
+        return np.where(full, need, np.minimum(need, self.frames_left(slots)))
+
+    def take_held(self, slots: np.ndarray, news: np.ndarray) -> np.ndarray:
+        """`take(slot, new, None)` for every slot at once: each consumes its next news[i] frames
+        (from `next_frames`), whose samples stay in its ring, held until `release`. Returns
+        (b, 4) int64: lead, tail and real as `take` returns them, and the ring position of the
+        segment's first sample."""
+        g = self.geometry
+        for slot in slots[self.queued[slots]].tolist():  # queued pieces first, as far as they fit
+            self._fill(slot, int(self.taken[slot]) * g.hop)
+        need, taken = self.need[slots], self.taken[slots]
+        if ((news > need) | (news < 1)).any():
+            raise ValueError(f"a step takes 1 to {need.tolist()} frames, not {news.tolist()}")
+        q = taken * g.hop
+        size = (news - 1) * g.hop + g.n_fft + 1  # g.segment_samples(news)
+        ended = self.ended[slots]
+        short = (self.written[slots] < q + size) & ~ended
+        if short.any():
+            raise RuntimeError(f"streams in slots {slots[short].tolist()}: a step's samples are still queued (ring "
+                               "positions held by a launch that was not released)")
+        self.held[slots] = self._keep_from(slots, q)
+        out = np.empty((slots.size, 4), np.int64)
+        out[:, 0] = g.window - need
+        out[:, 1] = np.minimum(taken, PRE_ENCODE_CACHE)
+        out[:, 2] = np.where(ended, np.minimum(size, self.samples[slots] - q + g.half_window + 1), size)
+        out[:, 3] = q
+        taken = taken + news
+        self.taken[slots] = taken
+        self.steps[slots] += 1
+        self.need[slots] = self._full_need
+        after = taken + self._full_need  # g.samples_for(after), after >= 1
+        self.full_at[slots] = np.maximum((after - 1) * g.hop + g.half_window, after * g.hop)
+        return out
+
+    def release(self, slots: np.ndarray) -> None:
+        """The copies of these slots' held positions have happened: they may be overwritten."""
+        self.held[slots] = -1
+
+    # -- one stream (the reference) ------------------------------------------------------------
+    def push(self, slot: int, samples: np.ndarray) -> bool:
+        """samples: (n,) float32 mono at the model's sample rate, copied into the slot's ring (or
+        queued, when it does not fit yet). Returns whether a full chunk is pending now."""
+        n = samples.size
+        if n:
+            keep = self._keep_one(slot, int(self.taken[slot]) * self.geometry.hop)
+            if not self.queued[slot] and int(self.written[slot]) + n - keep <= self.rows.shape[1]:
+                self._write(slot, samples)
+            else:
+                self._queue(slot, samples)
+            self.samples[slot] += n
+        return bool(self.samples[slot] >= self.full_at[slot])
+
+    def take(self, slot: int, new: int, out: np.ndarray | None) -> tuple[int, int, int]:
+        """Consume the slot's next `new` frames (`next_frames`): copy their samples
+        (`segment_samples`, from one sample before their first window on, at ring position
+        q = taken * hop before the call) into `out`; with `out` None, leave them in the ring for
+        the caller to copy, held there until `release`. Returns where they go in the step's
+        window of W columns: the stream's last `tail` encoded frames (at most 9) end at column
+        `lead`, the new frames start there (columns before `lead - tail` are zero: the causal
+        zero padding); and how many of the samples are the signal's (`real`; the rest, past its
+        end or stale in the ring, count as zeros)."""
+        g, need = self.geometry, int(self.need[slot])
+        if new > need or new < 1:
+            raise ValueError(f"a step takes 1 to {need} frames, not {new}")
+        taken = int(self.taken[slot])
+        q = taken * g.hop  # ring position of out[0]
+        size = g.segment_samples(new)
+        if self.queued[slot]:
+            self._fill(slot, q)
+        ended = bool(self.ended[slot])
+        if self.written[slot] < q + size and not ended:
+            raise RuntimeError(f"stream {slot}: a step's samples are still queued (ring positions held by a "
+                               "launch that was not released)")
+        if out is None:
+            self.held[slot] = self._keep_one(slot, q)
+        else:
+            row, m = self.rows[slot], self.rows.shape[1]
+            at = q % m
+            if at + size <= m:
+                out[:size] = row[at: at + size]
+            else:  # wraps around the ring's end
+                out[: m - at] = row[at:]
+                out[m - at: size] = row[: size - (m - at)]
+        self.taken[slot] = taken + new
+        self.steps[slot] += 1
+        self.need[slot] = self._full_need
+        self.full_at[slot] = g.samples_for(taken + new + self._full_need)
+        # q - lead is the padded-signal index of out[0] (sample 0 is at q = lead)
+        real = size if not ended else min(size, int(self.samples[slot]) - q + g.half_window + 1)
+        return g.window - need, min(taken, PRE_ENCODE_CACHE), real
+
+    def _keep_from(self, slots: np.ndarray, q: np.ndarray) -> np.ndarray:
+        """Per slot: the first ring position that must not be overwritten, given that positions
+        from q on are needed: q, or an earlier one still held."""
+        held = self.held[slots]
+        return np.where(held < 0, q, np.minimum(q, held))
+
+    def _keep_one(self, slot: int, q: int) -> int:
+        held = int(self.held[slot])
+        return q if held < 0 else min(q, held)
+
+    def _queue(self, slot: int, samples: np.ndarray) -> None:
+        self.raw.setdefault(slot, []).append(samples)
+        self.queued[slot] = True
+
+    def _write(self, slot: int, samples: np.ndarray) -> None:
+        """Append samples to the slot's ring (the caller checked that they fit)."""
+        row, m, n = self.rows[slot], self.rows.shape[1], samples.size
+        at = int(self.written[slot]) % m
+        if at + n <= m:
+            row[at: at + n] = samples
+        else:
+            row[at:] = samples[: m - at]
+            row[: n - (m - at)] = samples[m - at:]
+        self.written[slot] += n
+
+    def _fill(self, slot: int, q: int) -> None:
+        """Move queued pieces into the ring as far as they fit, keeping positions from q on
+        (those past the signal's end may then be stale: `take` says how many are real)."""
+        raw = self.raw[slot]
+        room = self.rows.shape[1] - (int(self.written[slot]) - self._keep_one(slot, q))
+        while raw and room > 0:
+            piece = raw[0]
+            if piece.size > room:
+                self._write(slot, piece[:room])
+                raw[0] = piece[room:]
+                room = 0
+            else:
+                self._write(slot, piece)
+                room -= piece.size
+                raw.pop(0)
+        if not raw:
+            del self.raw[slot]
+            self.queued[slot] = False
+
+
+@dataclass(slots=True, eq=False)
+class Stream:
+    """One live stream: its slot in `audio` (whose counters it reads and writes, one stream at
+    a time), and what its steps decoded. After the recognizer closes it (slot -1) only
+    `tokens`, `times` and `frames_decoded` mean anything."""
 
     slot: int
-    row: np.ndarray  # (M,) float32
-    geometry: ChunkGeometry
-    steps: int = 0
-    ended: bool = False
+    audio: SlotAudio
     frames_decoded: int = 0  # encoder frames
     tokens: list[int] = field(default_factory=list)  # the whole transcript, if the recognizer keeps it
     times: list[int] = field(default_factory=list)
 
-    raw: list[np.ndarray] = field(default_factory=list)  # audio not in `row` yet, in order
-    samples: int = 0  # samples pushed so far
-    frames_taken: int = 0  # mel frames consumed by steps
-    need: int = 0  # new mel frames the next full step takes (`ChunkGeometry.new_frames`)
-    full_at: int = 0  # samples that make the next full chunk (see `push_audio`)
-    written: int = 0  # padded-signal positions written into `row` (the leading zeros, then samples)
-    held: int = -1  # positions from here on are kept for a step's copy still to happen (-1: none)
-
     @classmethod
-    def new(cls, slot: int, row: np.ndarray, geometry: ChunkGeometry) -> Stream:
-        """A stream in a (reused) slot's row: its leading zeros are written here."""
-        lead = geometry.half_window + 1
-        row[:lead] = 0.0
-        stream = cls(slot, row, geometry, need=geometry.new_frames(True), written=lead)
-        stream.full_at = geometry.samples_for(stream.need)
-        return stream
+    def new(cls, slot: int, audio: SlotAudio) -> Stream:
+        """A stream in a (reused) slot of `audio`: its counters reset, its leading zeros written."""
+        audio.open(slot)
+        return cls(slot, audio)
+
+    @property
+    def geometry(self) -> ChunkGeometry:
+        return self.audio.geometry
+
+    @property
+    def row(self) -> np.ndarray:
+        """The slot's ring of samples."""
+        return self.audio.rows[self.slot]
+
+    @property
+    def samples(self) -> int:
+        return int(self.audio.samples[self.slot])
+
+    @property
+    def frames_taken(self) -> int:
+        return int(self.audio.taken[self.slot])
+
+    @property
+    def steps(self) -> int:
+        return int(self.audio.steps[self.slot])
+
+    @property
+    def ended(self) -> bool:
+        return bool(self.audio.ended[self.slot])
 
     def push_audio(self, samples: np.ndarray) -> bool:
-        """samples: (n,) float32 mono at the model's sample rate, copied into the stream's row (or
-        queued, when it does not fit yet). Returns whether a full chunk is pending now (`ready`,
-        in one comparison: the engine asks per piece)."""
-        n = samples.size
-        if n:
-            keep = self._keep_from(self.frames_taken * self.geometry.hop)
-            if not self.raw and self.written + n - keep <= self.row.size:
-                self._write(samples)
-            else:
-                self.raw.append(samples)
-            self.samples += n
-        return self.samples >= self.full_at
+        """`SlotAudio.push`: whether a full chunk is pending now (`ready`, in one comparison)."""
+        return self.audio.push(self.slot, samples)
 
     def end(self) -> None:
         """No more audio: the remaining frames become a last, shorter step."""
-        self.ended = True
+        self.audio.ended[self.slot] = True
 
     @property
     def frames_left(self) -> int:
@@ -91,8 +309,9 @@ class Stream:
     @property
     def ready(self) -> bool:
         """A step can run: a full chunk is pending, or the stream ended with frames left."""
-        if not self.ended:
-            return self.samples >= self.full_at  # frames_left >= need, without counting frames
+        a, slot = self.audio, self.slot
+        if not a.ended[slot]:
+            return bool(a.samples[slot] >= a.full_at[slot])  # frames_left >= need, without counting frames
         return self.frames_left > 0
 
     @property
@@ -104,79 +323,15 @@ class Stream:
 
         Only up to the next step's frames: a client that sends far ahead of real time must not
         make one step (and every other stream's results) wait for its whole backlog."""
-        if not self.ended and self.samples >= self.full_at:
-            return self.need
-        return min(self.need, self.frames_left)
+        need = int(self.audio.need[self.slot])
+        if not self.ended and self.samples >= self.audio.full_at[self.slot]:
+            return need
+        return min(need, self.frames_left)
 
     def take(self, new: int, out: np.ndarray | None) -> tuple[int, int, int]:
-        """Consume the next `new` frames (`next_frames()`): copy their samples (`segment_samples`,
-        from one sample before their first window on, at ring position q = frames_taken * hop
-        before the call) into `out`; with `out` None, leave them in the ring for the caller to
-        copy, held there until `release`. Returns where they go in the step's window of W
-        columns: the stream's last `tail` encoded frames (at most 9) end at column `lead`, the
-        new frames start there (columns before `lead - tail` are zero: the causal zero padding);
-        and how many of the samples are the signal's (`real`; the rest, past its end or stale in
-        the ring, count as zeros)."""
-        g, need = self.geometry, self.need
-        if new > need or new < 1:
-            raise ValueError(f"a step takes 1 to {need} frames, not {new}")
-        q = self.frames_taken * g.hop  # ring position of out[0]
-        size = (new - 1) * g.hop + 2 * g.half_window + 1  # g.segment_samples(new)
-        if self.raw:
-            self._fill(q)
-        if self.written < q + size and not self.ended:
-            raise RuntimeError(f"stream {self.slot}: a step's samples are still queued (ring positions held by a "
-                               "launch that was not released)")
-        if out is None:
-            self.held = self._keep_from(q)
-        else:
-            m = self.row.size
-            at = q % m
-            if at + size <= m:
-                out[:size] = self.row[at: at + size]
-            else:  # wraps around the ring's end
-                out[: m - at] = self.row[at:]
-                out[m - at: size] = self.row[: size - (m - at)]
-        tail = min(self.frames_taken, PRE_ENCODE_CACHE)
-        self.frames_taken += new
-        self.steps += 1
-        self.need = g.new_frames(False)
-        self.full_at = g.samples_for(self.frames_taken + self.need)
-        # q - lead is the padded-signal index of out[0] (sample 0 is at q = lead)
-        real = size if not self.ended else min(size, self.samples - q + g.half_window + 1)
-        return g.window - need, tail, real
+        """`SlotAudio.take` of this stream's slot."""
+        return self.audio.take(self.slot, new, out)
 
     def release(self) -> None:
-        """The copies of the ring's held positions have happened: they may be overwritten."""
-        self.held = -1
-
-    def _keep_from(self, q: int) -> int:
-        """The first ring position that must not be overwritten, given that positions from q on
-        are needed: q, or an earlier one still held."""
-        return q if self.held < 0 else min(q, self.held)
-
-    def _write(self, samples: np.ndarray) -> None:
-        """Append samples to the ring (the caller checked that they fit)."""
-        m, n = self.row.size, samples.size
-        at = self.written % m
-        if at + n <= m:
-            self.row[at: at + n] = samples
-        else:
-            self.row[at:] = samples[: m - at]
-            self.row[: n - (m - at)] = samples[m - at:]
-        self.written += n
-
-    def _fill(self, q: int) -> None:
-        """Move queued pieces into the ring as far as they fit, keeping positions from q on
-        (those past the signal's end may then be stale: `take` says how many are real)."""
-        room = self.row.size - (self.written - self._keep_from(q))
-        while self.raw and room > 0:
-            piece = self.raw[0]
-            if piece.size > room:
-                self._write(piece[:room])
-                self.raw[0] = piece[room:]
-                room = 0
-            else:
-                self._write(piece)
-                room -= piece.size
-                self.raw.pop(0)
+        """`SlotAudio.release` of this stream's slot."""
+        self.audio.held[self.slot] = -1

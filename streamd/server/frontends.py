@@ -80,10 +80,8 @@ class Bridge:
         batch: list[StreamCommand] = []
         for m in messages:
             match m:
-                case StreamAudio():  # the queued audio of its streams: one array, cut here, taken now
-                    for stream_id, samples in m.pieces():
-                        if (s := self.sessions.get(stream_id)) is not None:
-                            engine.take_audio(s, samples)
+                case StreamAudio(stream_ids, sizes, samples):  # the queued audio of its streams: one array, taken now
+                    engine.take_pieces([self.sessions.get(i) for i in stream_ids], sizes, samples)
                 case EndStream(stream_id):
                     if (s := self.sessions.get(stream_id)) is not None:
                         batch.append(End(s))

@@ -57,10 +57,6 @@ class StreamAudio:
     sizes: list[int]
     samples: np.ndarray
 
-    def pieces(self) -> list[tuple[int, np.ndarray]]:
-        """(stream_id, its samples: a view of the array) in order."""
-        return list(zip(self.stream_ids, np.split(self.samples, np.cumsum(self.sizes[:-1]))))
-
 
 @dataclass(frozen=True, slots=True)
 class EndStream:

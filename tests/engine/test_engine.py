@@ -428,3 +428,40 @@ def test_a_migration_reports_the_streams_failed_steps_ended_meanwhile(monkeypatc
             await engine.stop()
 
     asyncio.run(main())
+
+
+def test_a_front_ends_message_is_taken_as_its_pieces_one_by_one() -> None:
+    """`Engine.take_pieces` (a front end's `StreamAudio`, taken on the engine thread in a few
+    numpy calls) queues each piece as `take_audio` does one at a time: a stream twice in one
+    message, an empty piece, a stream the front end no longer knows (None) and one whose slot
+    is gone are all handled; the same streams become ready, with the same samples."""
+    from streamd.engine.types import EngineSession
+    from streamd.server.channel import HEADER, _frame, _load
+    from streamd.server.link import StreamAudio
+
+    engines = [Engine(Recognizer(random_model(), capacity=4), max_batch=4, batch_wait_s=0.0) for _ in range(2)]
+    sessions = [[EngineSession(id=i) for i in range(4)] for _ in engines]
+    for engine, mine in zip(engines, sessions):
+        for s in mine:
+            engine._open(s)
+        engine._release(mine[2])  # closed: its pieces are dropped
+    chunk = engines[0].recognizer.geometry.samples_for(engines[0].recognizer.geometry.new_frames(True))
+    rng = np.random.default_rng(3)
+    (one, many), (mine_one, mine_many) = engines, sessions
+    # the second message has a stream twice
+    for order, sizes in (([3, 1, 2, None, 0], [chunk // 2, 0, 500, 700, chunk - 1]), ([3, 0, 3], [400, 0, chunk])):
+        samples = rng.standard_normal(sum(sizes)).astype(np.float32)
+        at = 0
+        for i, n in zip(order, sizes):
+            if i is not None:
+                one.take_audio(mine_one[i], samples[at: at + n])
+            at += n
+        frame = b"".join(_frame([StreamAudio(list(range(len(order))), sizes, samples)]))  # as the bridge reads it
+        message = _load(bytearray(frame[HEADER.size:]), HEADER.unpack_from(frame)[1])[0]
+        many.take_pieces([mine_many[i] if i is not None else None for i in order], message.sizes, message.samples)
+    assert [s.id for s in many._ready_set] == [s.id for s in one._ready_set] == [3]
+    a, b = one.recognizer.audio, many.recognizer.audio
+    np.testing.assert_array_equal(a.samples, b.samples)
+    np.testing.assert_array_equal(a.rows, b.rows)
+    assert b.samples[mine_many[0].stream.slot] == chunk - 1
+    assert b.samples[mine_many[3].stream.slot] == chunk // 2 + 400 + chunk

@@ -336,7 +336,7 @@ def test_a_stream_takes_exactly_the_padded_signal_whatever_its_pieces(right: int
     and pieces wait in the stream (also for positions still held: the held ones are never
     overwritten before `release`); at the end, the samples past the signal are not counted as
     real."""
-    from streamd.engine.stream import Stream
+    from streamd.engine.stream import SlotAudio, Stream
     from streamd.engine.types import ChunkGeometry
 
     g = ChunkGeometry.of(random_model().dims, right)
@@ -344,7 +344,8 @@ def test_a_stream_takes_exactly_the_padded_signal_whatever_its_pieces(right: int
     x = rng.standard_normal(16000 * 3 + 77).astype(np.float32)
     lead = g.half_window + 1
     padded = np.concatenate([np.zeros(lead, np.float32), x])  # padded[i + lead] is sample i
-    stream = Stream.new(0, np.full(g.segment_samples(g.new_frames(False)) + 50, np.nan, np.float32), g)
+    rows = np.full((1, g.segment_samples(g.new_frames(False)) + 50), np.nan, np.float32)
+    stream = Stream.new(0, SlotAudio(rows, g))
     taken, at = 0, 0
 
     held: tuple[int, int, np.ndarray] | None = None  # (ring position, size, what it must hold)
@@ -381,6 +382,75 @@ def test_a_stream_takes_exactly_the_padded_signal_whatever_its_pieces(right: int
     stream.end()
     take_ready()
     assert stream.finished and taken == x.size // g.hop
+
+
+@pytest.mark.parametrize("right", [0, 1, 13])
+def test_the_batched_audio_bookkeeping_equals_one_stream_at_a_time(right: int) -> None:
+    """`SlotAudio`'s batched calls (the engine thread's path: `push_many` of a front end's
+    message, `ready`, `next_frames`, `take_held`, `release` of a launched part) leave every
+    counter, queued piece and ring position exactly as the one-stream calls (`push`,
+    `Stream.ready`, `Stream.next_frames`, `take`) do, and return the same: with rings small
+    enough that pieces wrap and wait, a stream twice in one message, streams that end, and
+    held positions released one launch later (as `Recognizer._release_rings` does)."""
+    from streamd.engine.stream import SlotAudio, Stream
+    from streamd.engine.types import ChunkGeometry
+
+    g = ChunkGeometry.of(random_model().dims, right)
+    rng = np.random.default_rng(10 + right)
+    slots_n, m = 6, g.segment_samples(g.new_frames(False)) + 700
+    one, many = (SlotAudio(np.full((slots_n, m), np.nan, np.float32), g) for _ in range(2))
+    streams = [Stream.new(slot, one) for slot in range(slots_n)]
+    for slot in range(slots_n):
+        many.open(slot)
+    held: list[np.ndarray] = []
+
+    def same() -> None:
+        for name in ("samples", "written", "taken", "need", "full_at", "steps", "held", "ended", "queued"):
+            np.testing.assert_array_equal(getattr(one, name), getattr(many, name), err_msg=name)
+        assert one.raw.keys() == many.raw.keys()
+        for slot, pieces in one.raw.items():
+            np.testing.assert_array_equal(np.concatenate(pieces), np.concatenate(many.raw[slot]))
+        written = np.isfinite(one.rows)
+        np.testing.assert_array_equal(written, np.isfinite(many.rows))
+        np.testing.assert_array_equal(one.rows[written], many.rows[written])
+
+    for turn in range(120):
+        live = [s for s in streams if not s.ended]
+        if live:  # a front end's message: some streams' pieces, sometimes one stream twice
+            twice = rng.random() < 0.3
+            ids = rng.choice([s.slot for s in live], replace=twice,
+                             size=int(rng.integers(1, (2 if twice else 1) * len(live) + 1)))
+            sizes = rng.integers(0, 3000 if rng.random() < 0.7 else 400, ids.size)
+            samples = rng.standard_normal(int(sizes.sum())).astype(np.float32)
+            starts = np.cumsum(sizes) - sizes
+            expected = [streams[slot].push_audio(samples[a: a + n]) for slot, a, n in zip(ids, starts, sizes)]
+            got = many.push_many(ids.astype(np.int64), starts, sizes.astype(np.int64), samples)
+            assert got.tolist() == [streams[slot].ready for slot in ids]  # after all the pieces
+            assert [e for slot, e in zip(ids, expected) if slot == ids[-1]][-1] == got[-1]
+            same()
+        if turn % 17 == 16 and live:
+            slot = int(rng.choice([s.slot for s in live]))
+            streams[slot].end()
+            many.ended[slot] = True
+        for slots in held:  # the last launch's copies have happened
+            for slot in slots.tolist():
+                streams[slot].release()
+            many.release(slots)
+        held = []
+        all_slots = np.arange(slots_n)
+        assert many.ready(all_slots).tolist() == [s.ready for s in streams]
+        ready = all_slots[many.ready(all_slots)]
+        ready = ready[rng.random(ready.size) < 0.8]
+        if ready.size:
+            news = many.next_frames(ready)
+            assert news.tolist() == [streams[slot].next_frames() for slot in ready]
+            expected = [streams[slot].take(int(k), None) for slot, k in zip(ready, news)]
+            got = many.take_held(ready, news)
+            assert got[:, :3].tolist() == [list(e) for e in expected]
+            assert (got[:, 3] == (one.taken[ready] - news) * g.hop).all()  # ring position of the first sample
+            held.append(ready)
+        same()
+    assert any(s.ended for s in streams)
 
 
 def test_a_steps_features_equal_the_incremental_reference() -> None:

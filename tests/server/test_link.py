@@ -64,14 +64,6 @@ def test_messages_are_frozen(message: object) -> None:
             setattr(message, f.name if f is not None else "anything", None)
 
 
-def test_stream_audio_is_cut_per_stream_in_order() -> None:
-    pieces = AUDIO.pieces()
-    assert [stream_id for stream_id, _ in pieces] == [3, 1, 3]
-    assert [p.tolist() for _, p in pieces] == [[0.0, 1.0], [], [2.0, 3.0, 4.0]]
-    assert all(np.shares_memory(p, AUDIO.samples) for _, p in pieces if p.size)  # views: no copy
-    assert link.StreamAudio([], [], np.zeros(0, np.float32)).pieces() == []
-
-
 def test_results_give_each_stream_its_chunk_result() -> None:
     results = link.Results([3, 1], [([5, 6], [0, 1], 0, 2), ([], [], 2, 4)])
     assert results.items() == [(3, ChunkResult([5, 6], [0, 1], 0, 2)), (1, ChunkResult([], [], 2, 4))]
