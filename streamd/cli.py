@@ -6,7 +6,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from streamd.errors import StreamdError
+from streamd.errors import EngineDied, StreamdError
 
 
 def _context(text: str) -> tuple[int, int]:
@@ -172,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except (ValueError, OSError, StreamdError) as e:  # a file, a port, a device: one line, no traceback
+    except (ValueError, OSError, StreamdError, EngineDied) as e:  # a file, a port, a device: one line, no traceback
         print(f"streamd {args.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -117,3 +117,8 @@ class StreamFailed(RuntimeError):
 
 class MigrationFailed(RuntimeError):
     """The move did not happen; the engine still serves from the source placement."""
+
+
+class EngineDied(RuntimeError):
+    """The engine thread stopped on an error (a bug): nothing is served any more, so the daemon
+    exits (non-zero: systemd's `Restart=on-failure` starts it again)."""

@@ -99,6 +99,8 @@ class Engine:
         self._last_landed: Launched | None = None  # the step before the one landing next, on the device
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self.died: asyncio.Event | None = None  # set (on the loop) if the engine thread stops on an error
+        self.error: BaseException | None = None  # that error
         self._stopping = False
         self._cutting_over = False
         self._migrating = asyncio.Lock()
@@ -114,11 +116,13 @@ class Engine:
         if self._cpu is not None:
             self._cpu.keep_off()
         self._loop = asyncio.get_running_loop()
+        self.died = asyncio.Event()
         self._thread = threading.Thread(target=self._run, name="streamd-engine", daemon=True)
         self._thread.start()
 
     async def stop(self) -> None:
-        self._post(Stop())
+        if self.error is None:  # else the thread is gone, and its inbox closed
+            self._post(Stop())
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
         if self._cpu is not None:
@@ -241,6 +245,11 @@ class Engine:
             self._cpu.place(self.recognizer.model.device.type)
         try:
             self._serve()
+        except BaseException as e:  # a bug: said loudly, and the daemon exits (`died`)
+            log.critical("the engine thread stopped on an error; nothing can be served", exc_info=e)
+            self.error = e
+            if self._loop is not None and self.died is not None:
+                self._loop.call_soon_threadsafe(self.died.set)
         finally:
             self.inbox.close()
 

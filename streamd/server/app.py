@@ -15,7 +15,7 @@ from websockets.asyncio.server import Server, ServerConnection
 
 from streamd import systemd
 from streamd.config import Config
-from streamd.errors import StreamdError
+from streamd.errors import EngineDied, StreamdError
 from streamd.decoding.graphs import EAGER, make_decoder
 from streamd.engine.encoder_step import GRAPHS, make_encoder_step
 from streamd.engine.migration import placed_copy
@@ -154,8 +154,12 @@ class App:
                     started.set_result(port)
                 watchdog = asyncio.create_task(_watchdog(notifier))
                 exiter = asyncio.create_task(self._exit_when_drained())
-                await self.state.shutdown.wait()
+                await _until_either(self.state.shutdown, self.state.engine.died)
                 exiter.cancel()
+                if self.state.engine.error is not None:  # nothing more can be served: exit at once
+                    notifier.stopping("the engine thread failed")
+                    raise EngineDied(f"the engine thread stopped on an error ({self.state.engine.error!r}); "
+                                     "the daemon exits: see the log's traceback")
                 notifier.stopping(f"draining {self.state.streams()} streams")
                 log.info("draining %d streams", self.state.streams())
                 if self.fronts is not None:
@@ -200,6 +204,16 @@ class App:
             if restart:
                 log.warning("these settings need a restart to change: %s", describe(old, new, restart))
         self.notifier.ready(f"serving {self.state.streams()} streams")
+
+
+async def _until_either(*events: asyncio.Event | None) -> None:
+    """Wait until one of `events` is set (None: never)."""
+    waits = [asyncio.ensure_future(e.wait()) for e in events if e is not None]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
 
 
 def _on_signals(loop: asyncio.AbstractEventLoop, signals: tuple[int, ...], act: Callable[[], None]) -> None:

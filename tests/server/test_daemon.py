@@ -91,3 +91,28 @@ def test_health_endpoints_and_capacity_limit() -> None:
             await b.close()
 
     asyncio.run(main())
+
+
+def test_a_daemon_whose_engine_thread_fails_exits_with_an_error(caplog: pytest.LogCaptureFixture) -> None:
+    """The engine thread dies on an unexpected error (a bug): the daemon does not go on accepting
+    streams it can never answer; it logs the traceback and `serve` ends with `EngineDied` (the CLI
+    exits 2, and systemd's Restart=on-failure starts it again)."""
+    from streamd.errors import EngineDied
+    from streamd.server.metrics import Metrics
+    from streamd.server.app import App, build_state
+
+    class Broken:
+        def send(self, messages: list[object]) -> None:
+            raise RuntimeError("a bug on the engine thread")
+
+    async def main() -> None:
+        app = App(build_state(config(), Metrics(process=False)))
+        started: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        task = asyncio.create_task(app.serve(started))
+        await asyncio.wait_for(started, 60)
+        app.state.engine.send(Broken(), [])  # type: ignore[arg-type]
+        with pytest.raises(EngineDied, match="a bug on the engine thread"):
+            await asyncio.wait_for(task, 30)
+
+    asyncio.run(main())
+    assert any(r.levelname == "CRITICAL" and "engine thread stopped" in r.getMessage() for r in caplog.records)
