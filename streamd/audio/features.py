@@ -3,7 +3,7 @@ incrementally, frame-identical to the offline pass. Mel frame i is centred on sa
 at 16 kHz); it is ready once sample hop*i + n_fft/2 - 1 has arrived.
 
 This is the reference incremental front end, one signal at a time. The engine computes the same
-frames its own way, for a whole step at once (`Stream.take`, `Recognizer._frames`: pre-emphasis
+frames its own way, for a whole step at once (`SlotAudio.take`, `Recognizer._frames`: pre-emphasis
 on the model's device); tests/engine/test_streaming.py holds the two equal.
 """
 from __future__ import annotations

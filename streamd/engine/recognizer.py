@@ -75,7 +75,7 @@ class Recognizer:
     pinned memory, on a CUDA stream of its own that overlaps the step before; a step's streams
     go into parts in slot order, so that each part's range is short) and cuts each stream's
     segment out there, so the host copies no samples; the rings are pinned when the model starts
-    on a GPU. False: each stream copies its segment into one batch on the host (`Stream.take`),
+    on a GPU. False: each stream copies its segment into one batch on the host (`SlotAudio.take`),
     which is then copied (the reference path, and the CPU's: there the batch is where the
     features are computed). None: True on a GPU whose rings
     are pinned and whose features are computed there, else False."""
@@ -374,7 +374,7 @@ class Recognizer:
         """The step's new mel frames, on `device`: pre-emphasis (as the offline front end
         computes it) and log-mel of every row in one call where `features` says.
 
-        samples: (b, S) float32 rows from `Stream.take` on the host, or from the rings on the
+        samples: (b, S) float32 rows from `SlotAudio.take` on the host, or from the rings on the
         device (one sample before the first window, then the windows); real: (b,) int64 on
         `device` (`real_host`: the same on the host), how many of a row's samples are the
         signal's (later ones, past its end or the row's own length, count as zeros).

@@ -79,20 +79,18 @@ class SlotAudio:
         written = self.written[slots]
         fits = (written + sizes - self._keep_from(slots, self.taken[slots] * self.geometry.hop) <= m) \
             & ~self.queued[slots]
-        # One memcpy a piece (two where it wraps around its ring's end), between memoryviews:
-        # a third of the time numpy's slicing takes for the same copies.
         at = written % m
         wraps = at + sizes > m
-        # Byte views: a float32 array's memoryview may say 'f' or '=f', and views of two formats
-        # do not assign.
+        straight = fits & ~wraps  # one memcpy each, between byte memoryviews: a third of numpy slicing's
+        # time ('f' and '=f' float32 views do not assign to each other, bytes always do)
         rows, src = self._bytes, memoryview(np.ascontiguousarray(samples, np.float32)).cast("B")
-        for dst, start, end in zip((4 * (slots * m + at))[fits & ~wraps].tolist(), (4 * starts)[fits & ~wraps].tolist(),
-                                   (4 * (starts + sizes))[fits & ~wraps].tolist()):
+        for dst, start, end in zip((4 * (slots * m + at))[straight].tolist(), (4 * starts)[straight].tolist(),
+                                   (4 * (starts + sizes))[straight].tolist()):
             rows[dst: dst + end - start] = src[start: end]
+        self.written[slots[straight]] += sizes[straight]
         for slot, start, size in zip(slots[fits & wraps].tolist(), starts[fits & wraps].tolist(),
                                      sizes[fits & wraps].tolist()):
-            self._write(slot, samples[start: start + size])
-        self.written[slots[fits & ~wraps]] += sizes[fits & ~wraps]
+            self._write(slot, samples[start: start + size])  # around the ring's end: two copies
         if not fits.all():
             for slot, start, size in zip(slots[~fits].tolist(), starts[~fits].tolist(), sizes[~fits].tolist()):
                 self._queue(slot, samples[start: start + size])

@@ -105,6 +105,8 @@ class ChunkResult:
 
 ResultItem = ChunkResult | StreamFailed | None  # None: the stream is flushed and its slot free
 Sink = Callable[[list[tuple["EngineSession", ResultItem]]], None]
+
+
 @dataclass(frozen=True)
 class EngineStatus:
     """A snapshot of what serving needs to know of the engine (the event loop never reads
