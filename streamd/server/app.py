@@ -7,7 +7,8 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import numpy as np
 import torch
@@ -134,8 +135,8 @@ class App:
         await admin.start()  # first: a socket path in use fails the start before any work
         try:
             self.state.engine.start()
-            await warm_up(self.state.engine)
-            await measure_capacity(self.state)
+            await _unless_engine_dies(self.state.engine, warm_up(self.state.engine))
+            await _unless_engine_dies(self.state.engine, measure_capacity(self.state))
             freeze_startup_heap()
             async with contextlib.AsyncExitStack() as stack:
                 if cfg.workers:
@@ -158,8 +159,7 @@ class App:
                 exiter.cancel()
                 if self.state.engine.error is not None:  # nothing more can be served: exit at once
                     notifier.stopping("the engine thread failed")
-                    raise EngineDied(f"the engine thread stopped on an error ({self.state.engine.error!r}); "
-                                     "the daemon exits: see the log's traceback")
+                    raise _died(self.state.engine)
                 notifier.stopping(f"draining {self.state.streams()} streams")
                 log.info("draining %d streams", self.state.streams())
                 if self.fronts is not None:
@@ -204,6 +204,27 @@ class App:
             if restart:
                 log.warning("these settings need a restart to change: %s", describe(old, new, restart))
         self.notifier.ready(f"serving {self.state.streams()} streams")
+
+
+async def _unless_engine_dies(engine: Engine, work: Coroutine[Any, Any, None]) -> None:
+    """Await `work` (which waits for the engine thread), or raise `EngineDied` if that thread
+    stops on an error first (its calls would then never be answered)."""
+    task = asyncio.ensure_future(work)
+    died = asyncio.ensure_future(engine.died.wait()) if engine.died is not None else None
+    try:
+        await asyncio.wait({task} if died is None else {task, died}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for f in (task, died):
+            if f is not None and not f.done():
+                f.cancel()
+    if engine.error is not None:
+        raise _died(engine)
+    task.result()
+
+
+def _died(engine: Engine) -> EngineDied:
+    return EngineDied(f"the engine thread stopped on an error ({engine.error!r}); the daemon exits: "
+                      "see the log's traceback")
 
 
 async def _until_either(*events: asyncio.Event | None) -> None:

@@ -116,3 +116,24 @@ def test_a_daemon_whose_engine_thread_fails_exits_with_an_error(caplog: pytest.L
 
     asyncio.run(main())
     assert any(r.levelname == "CRITICAL" and "engine thread stopped" in r.getMessage() for r in caplog.records)
+
+
+def test_an_engine_thread_failing_during_warm_up_ends_serve(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine thread dies before serving (while the warm-up waits for it): `serve` ends with
+    `EngineDied` at once instead of waiting for an answer that never comes."""
+    from streamd.engine.engine import Engine
+    from streamd.errors import EngineDied
+    from streamd.server.app import App, build_state
+    from streamd.server.metrics import Metrics
+
+    def broken(self: Engine) -> None:
+        raise RuntimeError("a bug at start")
+
+    monkeypatch.setattr(Engine, "_serve", broken)
+
+    async def main() -> None:
+        app = App(build_state(config(), Metrics(process=False)))
+        with pytest.raises(EngineDied, match="a bug at start"):
+            await asyncio.wait_for(app.serve(), 30)
+
+    asyncio.run(main())
