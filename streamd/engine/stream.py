@@ -71,6 +71,7 @@ class SlotAudio:
         mono at the model's rate; int64 arrays of one length): each copied into its ring, or
         queued when it does not fit yet, as `push` would one by one. Returns, per piece, whether
         its stream has a full chunk pending now (after all the pieces)."""
+        samples = np.ascontiguousarray(samples, np.float32)  # (a no-op for a front end's message)
         if np.unique(slots).size != slots.size:  # a stream twice in one message: one piece at a time
             for slot, start, size in zip(slots.tolist(), starts.tolist(), sizes.tolist()):
                 self.push(slot, samples[start: start + size])
@@ -83,7 +84,7 @@ class SlotAudio:
         wraps = at + sizes > m
         straight = fits & ~wraps  # one memcpy each, between byte memoryviews: a third of numpy slicing's
         # time ('f' and '=f' float32 views do not assign to each other, bytes always do)
-        rows, src = self._bytes, memoryview(np.ascontiguousarray(samples, np.float32)).cast("B")
+        rows, src = self._bytes, memoryview(samples).cast("B")
         for dst, start, end in zip((4 * (slots * m + at))[straight].tolist(), (4 * starts)[straight].tolist(),
                                    (4 * (starts + sizes))[straight].tolist()):
             rows[dst: dst + end - start] = src[start: end]
