@@ -41,7 +41,7 @@ import numpy as np
 from streamd.config import Config, add_arguments, load_config
 from streamd.engine.engine import Engine
 from streamd.engine.inbox import Audio, End, StreamCommand
-from streamd.engine.types import ChunkResult, EngineSession, ResultItem
+from streamd.engine.types import EngineSession, Handover, ResultItem
 from streamd.server.app import build_state, warm_up
 from streamd.server.heap import freeze_startup_heap
 from streamd.server.metrics import Metrics
@@ -97,9 +97,10 @@ class Deliveries:
         self.errors: dict[int, str] = {}  # the StreamFailed messages, by stream id
         self._seen = self._finished = 0
 
-    def __call__(self, items: list[tuple[EngineSession, ResultItem]]) -> None:
-        self.log.append((time.perf_counter(), [(s.id, r.frame_end if isinstance(r, ChunkResult) else self._end(s, r))
-                                               for s, r in items]))
+    def __call__(self, handover: Handover) -> None:
+        ends = handover.results.end.tolist() if handover.results is not None else []
+        self.log.append((time.perf_counter(), [(s.id, end) for s, end in zip(handover.sessions, ends)]
+                         + [(s.id, self._end(s, r)) for s, r in handover.ended]))
 
     def _end(self, session: EngineSession, item: ResultItem) -> int:
         if item is None:

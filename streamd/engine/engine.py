@@ -39,7 +39,7 @@ from streamd.engine.placement import DTYPE_NAMES
 from streamd.engine.recognizer import Launched, Recognizer
 from streamd.engine.step_times import StepTimes
 from streamd.engine.stream import Stream
-from streamd.engine.types import EngineSession, EngineStatus, ResultItem, Sink
+from streamd.engine.types import Ended, EngineSession, EngineStatus, Handover, ResultItem, Sink, StepResults
 from streamd.errors import StreamFailed
 from streamd.model.transducer import Transducer
 
@@ -91,7 +91,7 @@ class Engine:
         # the streams that are waiting for audio.
         self._touched: dict[EngineSession, None] = {}
         self._ready_set: dict[EngineSession, None] = {}  # in the order they became ready
-        self._outbox: list[tuple[EngineSession, ResultItem]] = []
+        self._ended: list[Ended] = []  # streams flushed or failed since the last hand-over
         self._flight: deque[_Step] = deque()  # launched steps, oldest first (at most two)
         self._held: deque[Command] = deque()  # commands that wait until no step is in flight
         self._landed_at = 0.0  # when the last step's results were delivered (perf_counter)
@@ -412,7 +412,7 @@ class Engine:
         try:
             self._while_stepping(step.launched)
             t2 = time.perf_counter()
-            results = step.launched.collect()
+            results: StepResults | None = step.launched.collect()
         except Exception as e:
             self._fail(step.batch, e)
             results = None
@@ -426,12 +426,14 @@ class Engine:
                 with contextlib.suppress(InvalidStateError):  # its migration stopped waiting
                     waiter.set_result(now)
             self._landing.clear()
-            for s, r in zip(step.batch, results):
-                if s.stream is not None:  # not failed in the meantime
-                    s.in_flight -= 1
-                    self._deliver(s, r)
-                    self._finish_if_done(s)
-            self._flush()
+            batch = step.batch
+            landed = [i for i, s in enumerate(batch) if s.stream is not None]  # not failed or closed meanwhile
+            for i in landed:
+                batch[i].in_flight -= 1
+            slots = np.fromiter((batch[i].stream.slot for i in landed), np.int64, len(landed))  # type: ignore[union-attr]
+            for i in itertools.compress(landed, self.recognizer.audio.finished(slots).tolist()):
+                self._finish_if_done(batch[i])
+            self._flush(batch, landed, results)
             self.inbox.update_interest()
             self.step_times.add(len(step.batch), step.launch_s, t2 - t1, time.perf_counter() - t2,
                                 step.launched.device_s(self._last_landed))
@@ -446,13 +448,13 @@ class Engine:
         for s in batch:
             s.in_flight = 0
             if s.stream is not None:
-                self._deliver(s, StreamFailed(f"engine step failed: {error}"))
+                self._ended.append((s, StreamFailed(f"engine step failed: {error}")))
                 self._release(s)
         self._flush()
 
     def _finish_if_done(self, session: EngineSession) -> None:
         if session.stream is not None and not session.in_flight and session.stream.finished:
-            self._deliver(session, None)
+            self._ended.append((session, None))
             self._release(session)
 
     def _release(self, session: EngineSession) -> None:
@@ -463,29 +465,33 @@ class Engine:
         self._ready_set.pop(session, None)
         self._touched.pop(session, None)
 
-    def _deliver(self, session: EngineSession, item: ResultItem) -> None:
-        """Queue `item` for the session; `_flush` hands everything queued over at once."""
-        self._outbox.append((session, item))
-
-    def _flush(self) -> None:
-        """One wake-up of the event loop (and one call of each sink) for all that was delivered
-        since the last flush."""
-        if not self._outbox:
+    def _flush(self, batch: list[EngineSession] | None = None, landed: list[int] | None = None,
+               results: StepResults | None = None) -> None:
+        """Hand over what is due, in one wake-up of the event loop and one call of each sink:
+        row i of a landed step's `results` is for `batch[i]` (for the `landed` indices: the
+        streams still open), then the streams flushed or failed since the last hand-over."""
+        if not self._ended and not landed:
             return
-        local: list[tuple[EngineSession, ResultItem]] = []
-        sinks: dict[Sink, list[tuple[EngineSession, ResultItem]]] = {}
-        for item in self._outbox:
-            sink = item[0].sink
+        by_sink: dict[Sink | None, tuple[list[EngineSession], list[int], list[Ended]]] = {}
+        for i in landed or ():
+            s = batch[i]  # type: ignore[index]
+            if (group := by_sink.get(s.sink)) is None:
+                group = by_sink[s.sink] = ([], [], [])
+            group[0].append(s)
+            group[1].append(i)
+        for item in self._ended:
+            if (group := by_sink.get(item[0].sink)) is None:
+                group = by_sink[item[0].sink] = ([], [], [])
+            group[2].append(item)
+        self._ended = []
+        for sink, (sessions, rows, ended) in by_sink.items():
+            picked = results.rows(np.asarray(rows, dtype=np.int64)) if sessions and results is not None else None
+            handover = Handover(sessions, picked, ended)
             if sink is None:
-                local.append(item)
+                assert self._loop is not None
+                self._loop.call_soon_threadsafe(_put_all, handover.items())
             else:
-                sinks.setdefault(sink, []).append(item)
-        self._outbox = []
-        if local:
-            assert self._loop is not None
-            self._loop.call_soon_threadsafe(_put_all, local)
-        for sink, items in sinks.items():
-            sink(items)
+                sink(handover)
 
 
 def _put_all(items: list[tuple[EngineSession, ResultItem]]) -> None:

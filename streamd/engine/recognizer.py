@@ -26,7 +26,7 @@ from streamd.decoding.greedy import BatchedHyps, GreedyLabelLooping
 from streamd.decoding.state import DecoderState
 from streamd.engine.encoder_step import EAGER, EncoderStep, make_encoder_step
 from streamd.engine.stream import SlotAudio, Stream
-from streamd.engine.types import ChunkGeometry, ChunkResult
+from streamd.engine.types import ChunkGeometry, ChunkResult, StepResults
 from streamd.errors import CapacityError
 from streamd.model.dims import PRE_ENCODE_CACHE
 from streamd.model.encoder import EncoderCache
@@ -232,8 +232,7 @@ class Recognizer:
     def close(self, stream: Stream) -> None:
         """Release the stream's slot (its rows are reset when the slot is reused)."""
         if stream.slot >= 0:
-            self._free.append(stream.slot)
-            stream.slot = -1
+            self._free.append(stream.detach())
 
     def state_tensors(self) -> tuple[EncoderCache, DecoderState]:
         """The slot state on the model's current device and dtype (moved here if it is not).
@@ -266,7 +265,7 @@ class Recognizer:
 
     def step(self, streams: list[Stream]) -> list[ChunkResult]:
         """Encode and decode one chunk of every given stream (each must be `ready`)."""
-        return self.launch(streams).collect()
+        return self.launch(streams).collect().chunks()
 
     @torch.no_grad()
     def launch(self, streams: list[Stream]) -> Launched:
@@ -283,7 +282,7 @@ class Recognizer:
         order = None
         from_rings = self._copies_rings(device)
         if from_rings:  # parts of neighbouring slots: each copies a short slot range
-            order = sorted(range(len(streams)), key=lambda i: streams[i].slot)
+            order = np.argsort(np.fromiter((s.slot for s in streams), np.int64, len(streams)), kind="stable").tolist()
             streams = [streams[i] for i in order]
         parts = [self._launch_part(streams[a:b], cache, dec, from_rings) for a, b in self._parts(len(streams))]
         return Launched(self, parts, device, started, order)
@@ -327,7 +326,7 @@ class Recognizer:
         enc, enc_len = self.encoder_step(cache, rows, mel, lengths, start, full, att_context=self.att_context)
         hyps, new_dec = self.search(enc, enc_len, dec.index_select(rows))
         dec.index_copy_(rows, new_dec)
-        return _Part(streams, hyps, enc_len)
+        return _Part(streams, slots, hyps, enc_len)
 
     def _copies_rings(self, device: torch.device) -> bool:
         """Whether a step on `device` copies its samples straight from the rings (`ring_copy`)."""
@@ -409,17 +408,23 @@ class Recognizer:
             self._device_logmel = copy.deepcopy(self._logmel).to(device)
         return self._device_logmel
 
-    def results(self, streams: list[Stream], hyps: list[tuple[list[int], list[int]]],
-                frames: list[int]) -> list[ChunkResult]:
-        """Advance the streams past a collected step: its labels and encoder frames per stream."""
-        out = []
-        for s, (toks, times), n in zip(streams, hyps, frames):
-            start = s.frames_decoded
-            s.frames_decoded += n
-            if self.keep_transcripts:
-                s.tokens.extend(toks)
-                s.times.extend(times)
-            out.append(ChunkResult(toks, times, start, s.frames_decoded))
+    def results(self, streams: list[Stream], slots: np.ndarray, labels: np.ndarray, times: np.ndarray,
+                lengths: np.ndarray, frames: np.ndarray) -> StepResults:
+        """Advance the streams past a collected step part (launched on `slots`): its labels and
+        times (b, capacity) int64, the first lengths[i] of row i valid, and its encoder frames
+        (b,) per stream. A stream closed since the launch is not counted (its slot may have a
+        new stream already)."""
+        width = int(lengths.max()) if lengths.size else 0
+        decoded = self.audio.decoded
+        start = decoded[slots]
+        end = start + frames
+        still = np.fromiter((s.slot for s in streams), np.int64, len(streams)) == slots
+        decoded[slots[still]] = end[still]
+        out = StepResults(labels[:, :width].copy(), times[:, :width].copy(), lengths.copy(), start, end)
+        if self.keep_transcripts and width:
+            for s, chunk in zip(streams, out.chunks()):
+                s.tokens.extend(chunk.tokens)
+                s.times.extend(chunk.times)
         return out
 
     def _reset_fresh(self, cache: EncoderCache, dec: DecoderState) -> None:
@@ -454,8 +459,8 @@ class _Part:
     """One launched part of a step: its labels and frame counts being copied to (pinned) host
     memory, and an event recorded after the copy."""
 
-    def __init__(self, streams: list[Stream], hyps: BatchedHyps, enc_len: Tensor) -> None:
-        self.streams = streams
+    def __init__(self, streams: list[Stream], slots: np.ndarray, hyps: BatchedHyps, enc_len: Tensor) -> None:
+        self.streams, self.slots = streams, slots
         device = enc_len.device
         outputs = [hyps.labels, hyps.times, hyps.lengths, enc_len]
         if device.type == "cuda":
@@ -490,21 +495,18 @@ class Launched:
         """Whether the device has finished the step (`collect` would not wait)."""
         return all(p.done is None or p.done.query() for p in self._parts)  # type: ignore[no-untyped-call]
 
-    def collect(self) -> list[ChunkResult]:
-        """Wait for the step; each stream's `ChunkResult`, in the order of `streams`."""
-        out: list[ChunkResult] = []
+    def collect(self) -> StepResults:
+        """Wait for the step; row i of the results is the i-th stream's, in the order of `streams`."""
+        out = []
         for p in self._parts:
             if p.done is not None:
                 p.done.synchronize()
-            labels, times, lengths, enc_len = p.host
-            hyps = BatchedHyps(labels, times, lengths).to_lists()
-            out.extend(self._rec.results(p.streams, hyps, enc_len.tolist()))
-        if self._order is not None:
-            given: list[ChunkResult] = [None] * len(out)  # type: ignore[list-item]
-            for i, result in zip(self._order, out):
-                given[i] = result
-            return given
-        return out
+            labels, times, lengths, enc_len = (t.numpy() for t in p.host)
+            out.append(self._rec.results(p.streams, p.slots, labels, times, lengths, enc_len))
+        results = StepResults.joined(out)
+        if self._order is not None:  # row j holds streams[order[j]]
+            return results.rows(np.argsort(np.asarray(self._order, dtype=np.int64)))
+        return results
 
 
 def _layout(taken: np.ndarray, news: np.ndarray, slots: np.ndarray, w: int, k: int, out: np.ndarray) -> None:

@@ -40,13 +40,15 @@ class SlotAudio:
 
     Counters per slot: `samples` pushed, `written` ring positions (the leading zeros, then
     samples), `taken` mel frames consumed by steps, `need` new frames the next full step takes,
-    `full_at` samples that make the next full chunk, `held` (-1: none), `steps`, `ended`."""
+    `full_at` samples that make the next full chunk, `held` (-1: none), `steps`, `ended`; and
+    `decoded`, encoder frames its steps decoded (the recognizer counts them as steps land)."""
 
     def __init__(self, rows: np.ndarray, geometry: ChunkGeometry) -> None:
         self.rows, self.geometry = rows, geometry  # rows: (capacity, M) float32
         capacity = rows.shape[0]
         self.samples, self.written, self.taken = (np.zeros(capacity, np.int64) for _ in range(3))
         self.need, self.full_at, self.steps = (np.zeros(capacity, np.int64) for _ in range(3))
+        self.decoded = np.zeros(capacity, np.int64)
         self.held = np.full(capacity, -1, np.int64)
         self.ended = np.zeros(capacity, bool)
         self._bytes = memoryview(rows.reshape(-1)).cast("B")  # the rows as one run of bytes (`push_many`)
@@ -63,6 +65,7 @@ class SlotAudio:
         self.samples[slot], self.written[slot], self.taken[slot] = 0, lead, 0
         self.need[slot], self.full_at[slot], self.steps[slot] = first, g.samples_for(first), 0
         self.held[slot], self.ended[slot], self.queued[slot] = -1, False, False
+        self.decoded[slot] = 0
         self.raw.pop(slot, None)
 
     # -- many streams at once (the engine thread's path) ---------------------------------------
@@ -80,21 +83,22 @@ class SlotAudio:
         written = self.written[slots]
         fits = (written + sizes - self._keep_from(slots, self.taken[slots] * self.geometry.hop) <= m) \
             & ~self.queued[slots]
-        at = written % m
-        wraps = at + sizes > m
-        straight = fits & ~wraps  # one memcpy each, between byte memoryviews: a third of numpy slicing's
-        # time ('f' and '=f' float32 views do not assign to each other, bytes always do)
-        rows, src = self._bytes, memoryview(samples).cast("B")
-        for dst, start, end in zip((4 * (slots * m + at))[straight].tolist(), (4 * starts)[straight].tolist(),
-                                   (4 * (starts + sizes))[straight].tolist()):
-            rows[dst: dst + end - start] = src[start: end]
-        self.written[slots[straight]] += sizes[straight]
-        for slot, start, size in zip(slots[fits & wraps].tolist(), starts[fits & wraps].tolist(),
-                                     sizes[fits & wraps].tolist()):
-            self._write(slot, samples[start: start + size])  # around the ring's end: two copies
+        fit = np.flatnonzero(fits)
+        at, size, start = written[fit] % m, sizes[fit], starts[fit]
+        first = np.minimum(size, m - at)  # before the ring's end; the rest wraps around to its start
+        wraps = first < size
+        # One memcpy a piece (two if it wraps), between byte memoryviews: a third of numpy
+        # slicing's time ('f' and '=f' float32 views do not assign to each other, bytes always do).
+        dst = np.concatenate([slots[fit] * m + at, slots[fit][wraps] * m])
+        src = np.concatenate([start, (start + first)[wraps]])
+        end = np.concatenate([start + first, (start + size)[wraps]])
+        rows, data = self._bytes, memoryview(samples).cast("B")
+        for d, a, b in zip((4 * dst).tolist(), (4 * src).tolist(), (4 * end).tolist()):
+            rows[d: d + b - a] = data[a: b]
+        self.written[slots[fit]] += size
         if not fits.all():
-            for slot, start, size in zip(slots[~fits].tolist(), starts[~fits].tolist(), sizes[~fits].tolist()):
-                self._queue(slot, samples[start: start + size])
+            for slot, a, n in zip(slots[~fits].tolist(), starts[~fits].tolist(), sizes[~fits].tolist()):
+                self._queue(slot, samples[a: a + n])
         self.samples[slots] += sizes
         return self.samples[slots] >= self.full_at[slots]
 
@@ -108,6 +112,10 @@ class SlotAudio:
         live = np.where(samples < g.half_window, 0,
                         np.minimum((samples - g.half_window) // g.hop + 1, samples // g.hop))
         return np.where(self.ended[slots], samples // g.hop, live) - self.taken[slots]  # `frames_ready`
+
+    def finished(self, slots: np.ndarray) -> np.ndarray:
+        """Per slot: the stream ended and every frame of it was taken (`Stream.finished`)."""
+        return self.ended[slots] & (self.frames_left(slots) == 0)
 
     def next_frames(self, slots: np.ndarray) -> np.ndarray:
         """Per slot: new mel frames its next step takes (`Stream.next_frames`)."""
@@ -252,14 +260,14 @@ class SlotAudio:
 @dataclass(slots=True, eq=False)
 class Stream:
     """One live stream: its slot in `audio` (whose counters it reads and writes, one stream at
-    a time), and what its steps decoded. After the recognizer closes it (slot -1) only
-    `tokens`, `times` and `frames_decoded` mean anything."""
+    a time), and what its steps decoded. After the recognizer closes it (`detach`: slot -1)
+    only `tokens`, `times` and `frames_decoded` mean anything."""
 
     slot: int
     audio: SlotAudio
-    frames_decoded: int = 0  # encoder frames
     tokens: list[int] = field(default_factory=list)  # the whole transcript, if the recognizer keeps it
     times: list[int] = field(default_factory=list)
+    _decoded: int = 0  # frames_decoded once detached
 
     @classmethod
     def new(cls, slot: int, audio: SlotAudio) -> Stream:
@@ -270,6 +278,17 @@ class Stream:
     @property
     def geometry(self) -> ChunkGeometry:
         return self.audio.geometry
+
+    @property
+    def frames_decoded(self) -> int:
+        """Encoder frames its steps decoded."""
+        return int(self.audio.decoded[self.slot]) if self.slot >= 0 else self._decoded
+
+    def detach(self) -> int:
+        """Leave the slot (keeping `frames_decoded`); returns it."""
+        slot, self._decoded = self.slot, self.frames_decoded
+        self.slot = -1
+        return slot
 
     @property
     def row(self) -> np.ndarray:

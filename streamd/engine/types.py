@@ -103,8 +103,80 @@ class ChunkResult:
     frame_end: int
 
 
+@dataclass
+class StepResults:
+    """A step's results, row i for its i-th stream, as arrays (a step of thousands of streams
+    lands in a few numpy calls, and a front end's rows cross processes as one message): row i's
+    first lengths[i] entries of labels and times (n, width) int64 are its new labels and their
+    global encoder-frame times; it decoded encoder frames [start[i], end[i]). `chunk(i)` is row
+    i as a `ChunkResult`."""
+
+    labels: np.ndarray
+    times: np.ndarray
+    lengths: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def chunk(self, i: int) -> ChunkResult:
+        n = int(self.lengths[i])
+        return ChunkResult(self.labels[i, :n].tolist(), self.times[i, :n].tolist(), int(self.start[i]),
+                           int(self.end[i]))
+
+    def chunks(self) -> list[ChunkResult]:
+        """Every row's `ChunkResult`, in order (a few calls for the whole step)."""
+        n = self.lengths.tolist()
+        width = max(n, default=0)  # only the columns some row uses become Python ints
+        labels = self.labels[:, :width].tolist() if width else [[]] * len(n)
+        times = self.times[:, :width].tolist() if width else [[]] * len(n)
+        return [ChunkResult(labels[i][: n[i]], times[i][: n[i]], start, end)
+                for i, (start, end) in enumerate(zip(self.start.tolist(), self.end.tolist()))]
+
+    def rows(self, index: np.ndarray) -> StepResults:
+        """The rows `index` (int64), in that order, trimmed to the columns they use."""
+        lengths = self.lengths[index]
+        width = int(lengths.max()) if lengths.size else 0
+        return StepResults(self.labels[index, :width], self.times[index, :width], lengths, self.start[index],
+                           self.end[index])
+
+    @staticmethod
+    def joined(parts: list[StepResults]) -> StepResults:
+        """The parts' rows one after another (the widths padded to the widest; no parts: no rows)."""
+        if len(parts) == 1:
+            return parts[0]
+        width = max((p.labels.shape[1] for p in parts), default=0)
+
+        def cat(key: str) -> np.ndarray:
+            arrays = [getattr(p, key) for p in parts]
+            if key in ("labels", "times"):
+                arrays = [np.pad(a, ((0, 0), (0, width - a.shape[1]))) for a in arrays]
+            return np.concatenate(arrays) if arrays else np.zeros((0, 0) if key in ("labels", "times") else 0, np.int64)
+        return StepResults(*(cat(k) for k in ("labels", "times", "lengths", "start", "end")))
+
+
 ResultItem = ChunkResult | StreamFailed | None  # None: the stream is flushed and its slot free
-Sink = Callable[[list[tuple["EngineSession", ResultItem]]], None]
+Ended = tuple["EngineSession", StreamFailed | None]  # a stream flushed (None) or failed
+
+
+@dataclass
+class Handover:
+    """What one engine hand-over gives one sink: row i of `results` is the step's result of
+    `sessions[i]`; then `ended`, the streams flushed or failed, in order (a stream's last result
+    comes before its end). The results are None when no step landed (a failure, an end)."""
+
+    sessions: list[EngineSession]
+    results: StepResults | None
+    ended: list[Ended]
+
+    def items(self) -> list[tuple[EngineSession, ResultItem]]:
+        """One (session, item) per result, then per end: what each session's queue gets."""
+        chunks: list[ResultItem] = self.results.chunks() if self.results is not None else []
+        return list(zip(self.sessions, chunks)) + list(self.ended)
+
+
+Sink = Callable[[Handover], None]
 
 
 @dataclass(frozen=True)

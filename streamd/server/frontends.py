@@ -24,10 +24,11 @@ import socket
 from concurrent.futures import Future
 from collections.abc import Callable
 
+import numpy as np
+
 from streamd.config import Config
 from streamd.engine.inbox import Close, End, StreamCommand
-from streamd.engine.types import EngineSession, ResultItem
-from streamd.errors import StreamFailed
+from streamd.engine.types import EngineSession, Handover
 from streamd.server.channel import NonBlockingEnd, socket_pair
 from streamd.server.census import Census
 from streamd.server.context import ServerState
@@ -142,9 +143,9 @@ class Bridge:
             self.channel.close()
 
     # -- engine -> front end ---------------------------------------------------------------------
-    def _deliver(self, items: list[tuple[EngineSession, ResultItem]]) -> None:
+    def _deliver(self, handover: Handover) -> None:
         """The engine's sink for this front end's sessions (on the engine thread)."""
-        messages = front_messages(items)
+        messages = front_messages(handover)
         for m in messages:
             if isinstance(m, Done):
                 self.sessions.pop(m.stream_id, None)
@@ -162,21 +163,16 @@ class Bridge:
             self.channel.send(messages)
 
 
-def front_messages(items: list[tuple[EngineSession, ResultItem]]) -> list[ToFront]:
+def front_messages(handover: Handover) -> list[ToFront]:
     """One engine hand-over for a front end's sessions as channel messages: one `Results` with
     every result, then the `Done` and `Failed` of the streams it finished (a stream's last result
     comes before its end)."""
-    results = Results([], [])
-    ended: list[ToFront] = []
-    for s, item in items:
-        if item is None:
-            ended.append(Done(s.id))
-        elif isinstance(item, StreamFailed):
-            ended.append(Failed(s.id, str(item)))
-        else:
-            results.stream_ids.append(s.id)
-            results.chunks.append((item.tokens, item.times, item.frame_start, item.frame_end))
-    return ([results] if results.stream_ids else []) + ended
+    out: list[ToFront] = []
+    if handover.sessions and handover.results is not None:
+        ids = np.fromiter((s.id for s in handover.sessions), np.int64, len(handover.sessions))
+        out.append(Results(ids, handover.results))
+    out.extend(Done(s.id) if item is None else Failed(s.id, str(item)) for s, item in handover.ended)
+    return out
 
 
 class FrontEnds:

@@ -4,8 +4,8 @@ port, and every message of their channel (`server/channel.py` frames lists of th
 
 Messages are frozen dataclasses; each side dispatches on their class. A front end's audio of a
 few milliseconds travels as one `StreamAudio` (one array, cut by the engine's process), and each
-engine hand-over of results as one `Results` (one plain tuple per stream: a step delivers
-thousands) followed by the `Done` and `Failed` of the streams it finished.
+engine hand-over of results as one `Results` (arrays: a step delivers thousands, cut per stream
+here) followed by the `Done` and `Failed` of the streams it finished.
 """
 from __future__ import annotations
 
@@ -16,11 +16,8 @@ import numpy as np
 from prometheus_client.metrics_core import Metric
 
 from streamd.config import Config
-from streamd.engine.types import ChunkResult, EngineStatus
+from streamd.engine.types import ChunkResult, EngineStatus, StepResults
 from streamd.server.census import Census
-
-# ChunkResult's fields in order (tokens, times, frame_start, frame_end): plain data pickles fast.
-ChunkFields = tuple[list[int], list[int], int, int]
 
 
 @dataclass
@@ -113,13 +110,13 @@ class Opened:
 
 @dataclass(frozen=True, slots=True)
 class Results:
-    """One engine hand-over: stream `stream_ids[i]` gets `chunks[i]` (a `ChunkResult`'s fields)."""
+    """One engine hand-over: stream `stream_ids[i]` ((n,) int64) gets row i of `chunks`."""
 
-    stream_ids: list[int]
-    chunks: list[ChunkFields]
+    stream_ids: np.ndarray
+    chunks: StepResults
 
     def items(self) -> list[tuple[int, ChunkResult]]:
-        return [(stream_id, ChunkResult(*chunk)) for stream_id, chunk in zip(self.stream_ids, self.chunks)]
+        return list(zip(self.stream_ids.tolist(), self.chunks.chunks()))
 
 
 @dataclass(frozen=True, slots=True)

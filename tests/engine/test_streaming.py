@@ -100,7 +100,7 @@ def test_ring_positions_a_launched_step_copies_are_not_overwritten_before_the_ne
     decoded = {s.slot: 0 for s in streams}
 
     def collect(launched: Launched, batch: list[Stream]) -> None:
-        for s, result in zip(batch, launched.collect()):  # each result is its stream's next frames
+        for s, result in zip(batch, launched.collect().chunks()):  # each result is its stream's next frames
             assert result.frame_start == decoded[s.slot]
             decoded[s.slot] = result.frame_end
     while not all(s.finished for s in streams):

@@ -87,12 +87,13 @@ def run(policy: str) -> tuple[list[float], float, int, list[dict[str, Any]], int
     between the bystander's engine results, its chunk length, what the flooder sent and got,
     the daemon's RSS growth (MiB) and its backlog events for `policy`."""
     times: dict[int, list[float]] = {}
-    deliver = Engine._deliver
+    flush = Engine._flush
 
-    def recording(self: Engine, session: EngineSession, item: Any) -> None:
-        if item is not None:
-            times.setdefault(id(session), []).append(time.monotonic())
-        deliver(self, session, item)
+    def recording(self: Engine, batch: list[EngineSession] | None = None, landed: list[int] | None = None,
+                  results: Any = None) -> None:
+        for i in landed or ():  # a step's results handed over
+            times.setdefault(id(batch[i]), []).append(time.monotonic())  # type: ignore[index]
+        flush(self, batch, landed, results)
 
     async def main() -> tuple[list[float], float, int, list[dict[str, Any]], int | None, float, float]:
         cfg = config(max_backlog_s=4.0, backlog_policy=policy)
@@ -117,11 +118,11 @@ def run(policy: str) -> tuple[list[float], float, int, list[dict[str, Any]], int
             events = app.state.metrics.registry.get_sample_value("streamd_backlog_events_total", {"action": action})
             return list(np.diff(t)), ready["chunk_ms"] / 1000, sent, messages, code, (peak - base) / 2**20, events or 0
 
-    Engine._deliver = recording  # type: ignore[method-assign]
+    Engine._flush = recording  # type: ignore[method-assign]
     try:
         return asyncio.run(main())
     finally:
-        Engine._deliver = deliver  # type: ignore[method-assign]
+        Engine._flush = flush  # type: ignore[method-assign]
 
 
 # Documented bound (docs/protocol.md): per connection (RECEIVE_QUEUE + 1) x max_message_bytes of

@@ -8,17 +8,19 @@ import numpy as np
 import pytest
 
 from streamd.config import Config
-from streamd.engine.types import ChunkGeometry, ChunkResult, EngineStatus
+from streamd.engine.types import ChunkGeometry, ChunkResult, EngineStatus, StepResults
 from streamd.server import link
 from streamd.server.channel import BlockingEnd, socket_pair
 
 STATUS = EngineStatus("cpu", "fp32", ChunkGeometry(13, 8, 160, 16000), capacity=4)
 AUDIO = link.StreamAudio([3, 1, 3], [2, 0, 3], np.arange(5, dtype=np.float32))
+RESULTS = link.Results(np.array([3, 1]), StepResults(np.array([[5, 6], [7, 0]]), np.array([[0, 1], [3, 0]]),
+                                                     np.array([2, 0]), np.array([0, 2]), np.array([2, 4])))
 EVERY = [
     link.OpenStream(3), AUDIO, link.EndStream(3), link.CloseStream(1), link.FrontMetrics([]),
     link.MetricsRequest(7), link.Up(1234), link.NeedRoom(),
     link.Opened(3, None), link.Opened(4, "all 4 stream slots are in use"),
-    link.Results([3, 1], [([5, 6], [0, 1], 0, 2), ([], [], 2, 4)]), link.Done(3), link.Failed(1, "engine step failed"),
+    RESULTS, link.Done(3), link.Failed(1, "engine step failed"),
     link.MetricsText(7, b"# metrics\n"), link.Status(STATUS, True, (10, None)), link.Reconfigure(Config()),
     link.Evict(), link.Handoff(), link.Shutdown(),
 ]
@@ -46,6 +48,8 @@ def test_every_message_crosses_the_channel_unchanged() -> None:
             assert isinstance(back, link.StreamAudio)
             assert (back.stream_ids, back.sizes) == (sent.stream_ids, sent.sizes)
             np.testing.assert_array_equal(back.samples, sent.samples)
+        elif isinstance(sent, link.Results):
+            assert isinstance(back, link.Results) and back.items() == sent.items()
         else:
             assert back == sent
 
@@ -65,5 +69,4 @@ def test_messages_are_frozen(message: object) -> None:
 
 
 def test_results_give_each_stream_its_chunk_result() -> None:
-    results = link.Results([3, 1], [([5, 6], [0, 1], 0, 2), ([], [], 2, 4)])
-    assert results.items() == [(3, ChunkResult([5, 6], [0, 1], 0, 2)), (1, ChunkResult([], [], 2, 4))]
+    assert RESULTS.items() == [(3, ChunkResult([5, 6], [0, 1], 0, 2)), (1, ChunkResult([], [], 2, 4))]
