@@ -10,6 +10,9 @@ per-stream work, and `--queued-only` replaces them by no-ops too and copies the 
 the streams' rings as a GPU does (what is left is the engine thread's share of a step on a GPU,
 where the batched work is only queued).
 
+It prints the median step and, per stream, each phase's median: audio in (the pieces pushed, or
+the front ends' messages read and taken), readiness, launch and landing (results delivered).
+
 `--front-ends N` adds the daemon's channel work on the engine thread: each piece arrives in a
 `StreamAudio` message of one of N front ends (read from its frame: `channel._load`, taken by
 `Engine.take_pieces`), and each step's results leave as one framed `Results` per front end,
@@ -153,20 +156,29 @@ def main() -> None:
             for session in sessions:
                 for j in range(0, chunk, piece):
                     engine.take_audio(session, audio[base + j: base + min(j + piece, chunk)])
+        t1 = time.perf_counter()
         if engine._count_ready() != args.streams:
             raise RuntimeError("a stream had no full chunk")
+        t2 = time.perf_counter()
         engine._launch()
+        t3 = time.perf_counter()
         engine._land()
-        return time.perf_counter() - t0
+        t4 = time.perf_counter()
+        phases.append((t1 - t0, t2 - t1, t3 - t2, t4 - t3))
+        return t4 - t0
 
+    phases: list[tuple[float, float, float, float]] = []  # audio in, readiness, launch, landing
     for k in range(3):
         step(k)
+    phases.clear()
     times = [step(k) for k in range(3, 3 + args.steps)]
     ms = 1000 * float(np.median(times))
     via = f", through {args.front_ends} front ends' messages" if fronts else ""
     via += ", batched torch work replaced by no-ops" if args.queued_only else ""
     print(f"{args.streams} streams, {args.chunk_ms} ms chunks, {args.piece_ms} ms pieces{via}: host step {ms:.1f} ms "
           f"median of {args.steps}, {1000 * ms / args.streams:.1f} us a stream")
+    share = np.median(np.array(phases), axis=0) * 1e6 / args.streams
+    print("us a stream, median: audio in {:.2f}, readiness {:.2f}, launch {:.2f}, landing {:.2f}".format(*share))
     if args.profile:
         prof = cProfile.Profile()
         prof.enable()
