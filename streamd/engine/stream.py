@@ -51,7 +51,7 @@ class SlotAudio:
         self.decoded = np.zeros(capacity, np.int64)
         self.held = np.full(capacity, -1, np.int64)
         self.ended = np.zeros(capacity, bool)
-        self._bytes = memoryview(rows.reshape(-1)).cast("B")  # the rows as one run of bytes (`push_many`)
+        self._bytes = rows.reshape(-1).data.cast("B")  # the rows as one run of bytes (`push_many`)
         self.raw: dict[int, list[np.ndarray]] = {}  # slot -> audio not in its ring yet, in order
         self.queued = np.zeros(capacity, bool)  # slot in `raw`
         self._full_need = geometry.new_frames(False)
@@ -92,7 +92,7 @@ class SlotAudio:
         dst = np.concatenate([slots[fit] * m + at, slots[fit][wraps] * m])
         src = np.concatenate([start, (start + first)[wraps]])
         end = np.concatenate([start + first, (start + size)[wraps]])
-        rows, data = self._bytes, memoryview(samples).cast("B")
+        rows, data = self._bytes, samples.data.cast("B")
         for d, a, b in zip((4 * dst).tolist(), (4 * src).tolist(), (4 * end).tolist()):
             rows[d: d + b - a] = data[a: b]
         self.written[slots[fit]] += size

@@ -172,8 +172,9 @@ class Handover:
 
     def items(self) -> list[tuple[EngineSession, ResultItem]]:
         """One (session, item) per result, then per end: what each session's queue gets."""
-        chunks: list[ResultItem] = self.results.chunks() if self.results is not None else []
-        return list(zip(self.sessions, chunks)) + list(self.ended)
+        chunks = self.results.chunks() if self.results is not None else []
+        items: list[tuple[EngineSession, ResultItem]] = list(zip(self.sessions, chunks))
+        return items + list(self.ended)
 
 
 Sink = Callable[[Handover], None]
