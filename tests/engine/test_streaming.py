@@ -212,6 +212,25 @@ def test_a_daemons_streams_keep_no_transcript() -> None:
     assert got[False] == got[True] and got[True]
 
 
+def test_a_slot_reused_while_its_last_step_was_in_flight_starts_from_frame_zero() -> None:
+    """A stream closed while a step of it is in flight frees its slot at once; the landing of
+    that step must not count its frames for the new stream in the slot (`SlotAudio.decoded`)."""
+    m = random_model(3, att_context_sizes=((16, 3),))
+    rec = Recognizer(m, capacity=1)
+    old = rec.open()
+    old.push_audio(synthetic_audio(2.0, 0))
+    launched = rec.launch([old])
+    rec.close(old)
+    new = rec.open()
+    assert new.slot == 0
+    landed = launched.collect()
+    assert landed.start.tolist() == [0] and int(landed.end[0]) > 0  # the old stream's frames
+    assert new.frames_decoded == 0 and old.frames_decoded == 0
+    new.push_audio(synthetic_audio(2.0, 1))
+    first = rec.step([new])[0]
+    assert first.frame_start == 0 and new.frames_decoded == first.frame_end > 0
+
+
 def test_parts_are_even_and_capped() -> None:
     rec = Recognizer(random_model(3), capacity=40, part_rows=16)
     assert rec._parts(40) == [(0, 13), (13, 26), (26, 40)]
