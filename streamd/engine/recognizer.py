@@ -412,8 +412,8 @@ class Recognizer:
                 lengths: np.ndarray, frames: np.ndarray) -> StepResults:
         """Advance the streams past a collected step part (launched on `slots`): its labels and
         times (b, capacity) int64, the first lengths[i] of row i valid, and its encoder frames
-        (b,) per stream. A stream closed since the launch is not counted (its slot may have a
-        new stream already)."""
+        (b,) per stream. A stream closed since the launch is not counted, nor its transcript kept
+        (its slot may have a new stream already)."""
         width = int(lengths.max()) if lengths.size else 0
         decoded = self.audio.decoded
         start = decoded[slots]
@@ -422,9 +422,10 @@ class Recognizer:
         decoded[slots[still]] = end[still]
         out = StepResults(labels[:, :width].copy(), times[:, :width].copy(), lengths.copy(), start, end)
         if self.keep_transcripts and width:
-            for s, chunk in zip(streams, out.chunks()):
-                s.tokens.extend(chunk.tokens)
-                s.times.extend(chunk.times)
+            for s, chunk, kept in zip(streams, out.chunks(), still.tolist()):
+                if kept:
+                    s.tokens.extend(chunk.tokens)
+                    s.times.extend(chunk.times)
         return out
 
     def _reset_fresh(self, cache: EncoderCache, dec: DecoderState) -> None:

@@ -261,7 +261,7 @@ class SlotAudio:
 class Stream:
     """One live stream: its slot in `audio` (whose counters it reads and writes, one stream at
     a time), and what its steps decoded. After the recognizer closes it (`detach`: slot -1)
-    only `tokens`, `times` and `frames_decoded` mean anything."""
+    only `tokens`, `times` and `frames_decoded` mean anything, as they were at the close."""
 
     slot: int
     audio: SlotAudio
