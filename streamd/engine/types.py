@@ -144,16 +144,17 @@ class StepResults:
     @staticmethod
     def joined(parts: list[StepResults]) -> StepResults:
         """The parts' rows one after another (the widths padded to the widest; no parts: no rows)."""
+        if not parts:
+            none = np.zeros(0, np.int64)
+            return StepResults(none.reshape(0, 0), none.reshape(0, 0), none, none, none)
         if len(parts) == 1:
             return parts[0]
-        width = max((p.labels.shape[1] for p in parts), default=0)
+        width = max(p.labels.shape[1] for p in parts)
 
-        def cat(key: str) -> np.ndarray:
-            arrays = [getattr(p, key) for p in parts]
-            if key in ("labels", "times"):
-                arrays = [np.pad(a, ((0, 0), (0, width - a.shape[1]))) for a in arrays]
-            return np.concatenate(arrays) if arrays else np.zeros((0, 0) if key in ("labels", "times") else 0, np.int64)
-        return StepResults(*(cat(k) for k in ("labels", "times", "lengths", "start", "end")))
+        def wide(a: np.ndarray) -> np.ndarray:
+            return np.pad(a, ((0, 0), (0, width - a.shape[1])))
+        return StepResults(np.concatenate([wide(p.labels) for p in parts]), np.concatenate([wide(p.times) for p in parts]),
+                           *(np.concatenate([getattr(p, k) for p in parts]) for k in ("lengths", "start", "end")))
 
 
 ResultItem = ChunkResult | StreamFailed | None  # None: the stream is flushed and its slot free
