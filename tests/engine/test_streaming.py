@@ -406,9 +406,9 @@ def test_a_stream_takes_exactly_the_padded_signal_whatever_its_pieces(right: int
 @pytest.mark.parametrize("right", [0, 1, 13])
 def test_the_batched_audio_bookkeeping_equals_one_stream_at_a_time(right: int) -> None:
     """`SlotAudio`'s batched calls (the engine thread's path: `push_many` of a front end's
-    message, `ready`, `next_frames`, `take_held`, `release` of a launched part) leave every
-    counter, queued piece and ring position exactly as the one-stream calls (`push`,
-    `Stream.ready`, `Stream.next_frames`, `take`) do, and return the same: with rings small
+    message, `ready`, `finished`, `next_frames`, `take_held`, `release` of a launched part) leave
+    every counter, queued piece and ring position exactly as the one-stream calls (`push`,
+    `Stream.ready`, `Stream.finished`, `Stream.next_frames`, `take`) do, and return the same: with rings small
     enough that pieces wrap and wait, a stream twice in one message, streams that end, and
     held positions released one launch later (as `Recognizer._release_rings` does)."""
     from streamd.engine.stream import SlotAudio, Stream
@@ -458,6 +458,7 @@ def test_the_batched_audio_bookkeeping_equals_one_stream_at_a_time(right: int) -
         held = []
         all_slots = np.arange(slots_n)
         assert many.ready(all_slots).tolist() == [s.ready for s in streams]
+        assert many.finished(all_slots).tolist() == [s.finished for s in streams]
         ready = all_slots[many.ready(all_slots)]
         ready = ready[rng.random(ready.size) < 0.8]
         if ready.size:
@@ -469,7 +470,7 @@ def test_the_batched_audio_bookkeeping_equals_one_stream_at_a_time(right: int) -
             assert (got[:, 3] == (one.taken[ready] - news) * g.hop).all()  # ring position of the first sample
             held.append(ready)
         same()
-    assert any(s.ended for s in streams)
+    assert any(s.ended for s in streams) and any(s.finished for s in streams)
 
 
 def test_a_steps_features_equal_the_incremental_reference() -> None:
