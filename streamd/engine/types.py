@@ -108,8 +108,8 @@ class StepResults:
     """A step's results, row i for its i-th stream, as arrays (a step of thousands of streams
     lands in a few numpy calls, and a front end's rows cross processes as one message): row i's
     first lengths[i] entries of labels and times (n, width) int64 are its new labels and their
-    global encoder-frame times; it decoded encoder frames [start[i], end[i]). `chunk(i)` is row
-    i as a `ChunkResult`."""
+    global encoder-frame times; it decoded encoder frames [start[i], end[i]). `chunks()` makes
+    each row a `ChunkResult` (where a session's queue needs one)."""
 
     labels: np.ndarray
     times: np.ndarray
@@ -120,13 +120,9 @@ class StepResults:
     def __len__(self) -> int:
         return len(self.lengths)
 
-    def chunk(self, i: int) -> ChunkResult:
-        n = int(self.lengths[i])
-        return ChunkResult(self.labels[i, :n].tolist(), self.times[i, :n].tolist(), int(self.start[i]),
-                           int(self.end[i]))
-
     def chunks(self) -> list[ChunkResult]:
-        """Every row's `ChunkResult`, in order (a few calls for the whole step)."""
+        """Every row's `ChunkResult`, in order (a few calls for the whole step; the torch-side
+        twin for a decoder's output is `BatchedHyps.to_lists`, below the engine's layer)."""
         n = self.lengths.tolist()
         width = max(n, default=0)  # only the columns some row uses become Python ints
         labels = self.labels[:, :width].tolist() if width else [[]] * len(n)
