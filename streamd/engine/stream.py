@@ -72,7 +72,8 @@ class SlotAudio:
     def push_many(self, slots: np.ndarray, starts: np.ndarray, sizes: np.ndarray, samples: np.ndarray) -> np.ndarray:
         """Piece i is samples[starts[i]: starts[i] + sizes[i]] of the stream in slots[i] (float32
         mono at the model's rate; int64 arrays of one length): each copied into its ring, or
-        queued when it does not fit yet, as `push` would one by one. Returns, per piece, whether
+        queued (a copy) when it does not fit yet, as `push` would one by one; `samples` is not
+        kept. Returns, per piece, whether
         its stream has a full chunk pending now (after all the pieces)."""
         samples = np.ascontiguousarray(samples, np.float32)  # (a no-op for a front end's message)
         if np.unique(slots).size != slots.size:  # a stream twice in one message: one piece at a time
@@ -223,7 +224,8 @@ class SlotAudio:
         return q if held < 0 else min(q, held)
 
     def _queue(self, slot: int, samples: np.ndarray) -> None:
-        self.raw.setdefault(slot, []).append(samples)
+        """Keep a copy (the caller's buffer may be reused: a front end's `AudioPipe`)."""
+        self.raw.setdefault(slot, []).append(np.array(samples, np.float32))
         self.queued[slot] = True
 
     def _write(self, slot: int, samples: np.ndarray) -> None:

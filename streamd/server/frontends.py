@@ -3,8 +3,9 @@
 
 A front end runs the protocol, sessions and everything per message (`server/worker.py`); this
 process keeps only the engine thread, the admin socket and the bridges. A bridge is an `IoSource`
-of the engine: the engine thread itself reads the front end's commands (one message carries every
-stream's audio of a few milliseconds there) and writes the results it delivers to its
+of the engine: the engine thread itself reads the front end's commands (one message names every
+stream's audio of a few milliseconds, which the front end put in shared memory:
+`server/audio_pipe.py`) and writes the results it delivers to its
 streams (one message per engine hand-over), between steps. So the engine's process does no
 per-message websocket or JSON work, and no thread of it competes with the steps for the GIL.
 
@@ -29,12 +30,13 @@ import numpy as np
 from streamd.config import Config
 from streamd.engine.inbox import Close, End, StreamCommand
 from streamd.engine.types import EngineSession, Handover
+from streamd.server.audio_pipe import AudioPipe
 from streamd.server.channel import NonBlockingEnd, socket_pair
 from streamd.server.census import Census
 from streamd.server.context import ServerState
 from streamd.server.link import (CloseStream, Done, EndStream, Evict, Failed, FrontMetrics, Handoff, MetricsRequest,
-                                 MetricsText, NeedRoom, Opened, OpenStream, Reconfigure, Results, Shutdown, Status,
-                                 StreamAudio, ToEngine, ToFront, Up, WorkerSpec, reserve_port)
+                                 MetricsText, NeedRoom, Opened, OpenStream, Reconfigure, Results, SharedAudio, Shutdown,
+                                 Status, StreamAudio, ToEngine, ToFront, Up, WorkerSpec, reserve_port)
 from streamd.server.worker import run
 
 log = logging.getLogger("streamd.server")
@@ -47,11 +49,12 @@ class Bridge:
     """The engine's side of one front-end process: its streams' sessions and its channel, served
     on the engine thread (an `IoSource` of the engine)."""
 
-    def __init__(self, index: int, state: ServerState, sock: socket.socket,
+    def __init__(self, index: int, state: ServerState, sock: socket.socket, audio: AudioPipe,
                  process: multiprocessing.process.BaseProcess, loop: asyncio.AbstractEventLoop,
                  on_lost: Callable[[Bridge], None], on_evict: Callable[[], None]) -> None:
         self.index, self.state, self.process = index, state, process
         self.channel = NonBlockingEnd(sock)
+        self.audio = audio
         self._loop, self._on_lost, self._on_evict = loop, on_lost, on_evict
         self.sessions: dict[int, EngineSession] = {}
         self.up: Future[int] = Future()
@@ -81,7 +84,11 @@ class Bridge:
         batch: list[StreamCommand] = []
         for m in messages:
             match m:
-                case StreamAudio(stream_ids, sizes, samples):  # the queued audio of its streams: one array, taken now
+                case SharedAudio(stream_ids, sizes, at, end):  # its streams' queued audio, in the pipe: taken now
+                    engine.take_pieces([self.sessions.get(i) for i in stream_ids], sizes,
+                                       self.audio.view(at, sum(sizes)))
+                    self.audio.free(end)
+                case StreamAudio(stream_ids, sizes, samples):  # the same, when the pipe had no room
                     engine.take_pieces([self.sessions.get(i) for i in stream_ids], sizes, samples)
                 case EndStream(stream_id):
                     if (s := self.sessions.get(stream_id)) is not None:
@@ -212,15 +219,17 @@ class FrontEnds:
         loop it would hold up /metrics, the admin socket and everything else meanwhile."""
         cfg = self.state.config
         ours, theirs = socket_pair()
-        spec = WorkerSpec(index, theirs, cfg, self.state.tokenizer.model_proto, self.state.model_name,
+        audio = AudioPipe.create()
+        spec = WorkerSpec(index, theirs, cfg, audio, self.state.tokenizer.model_proto, self.state.model_name,
                           self.state.engine.status, self.census, self.port, cfg.log.level, cfg.log.format)
         process = self._ctx.Process(target=run, args=(spec,), name=f"streamd-front{index}", daemon=True)
         try:
             await asyncio.to_thread(process.start)
         finally:
             theirs.close()
+            audio.close()  # the child has its own descriptor; the mapping stays
         assert self._loop is not None
-        bridge = Bridge(index, self.state, ours, process, self._loop, self._lost, self._evict)
+        bridge = Bridge(index, self.state, ours, audio, process, self._loop, self._lost, self._evict)
         # what changed while it started (a drain, a migration) reaches it after its spec
         bridge.post([self._status()])
         self.state.engine.add_source(bridge)

@@ -3,9 +3,11 @@
 port, and every message of their channel (`server/channel.py` frames lists of them).
 
 Messages are frozen dataclasses; each side dispatches on their class. A front end's audio of a
-few milliseconds travels as one `StreamAudio` (one array, cut by the engine's process), and each
-engine hand-over of results as one `Results` (arrays: a step delivers thousands, cut per stream
-here) followed by the `Done` and `Failed` of the streams it finished.
+few milliseconds travels as one `SharedAudio` (its samples are in the front end's `AudioPipe`;
+the engine's process cuts them per stream), or as one `StreamAudio` (the samples in the message)
+when the pipe has no room; each engine hand-over of results as one `Results` (arrays: a step
+delivers thousands, cut per stream here) followed by the `Done` and `Failed` of the streams it
+finished.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from prometheus_client.metrics_core import Metric
 
 from streamd.config import Config
 from streamd.engine.types import ChunkResult, EngineStatus, StepResults
+from streamd.server.audio_pipe import AudioPipe
 from streamd.server.census import Census
 
 
@@ -27,6 +30,7 @@ class WorkerSpec:
     index: int
     sock: socket.socket  # the front end's end of the channel
     config: Config
+    audio: AudioPipe  # where the front end puts its streams' samples
     tokenizer: bytes  # the SentencePiece model proto
     model_name: str
     status: EngineStatus
@@ -53,6 +57,17 @@ class StreamAudio:
     stream_ids: list[int]
     sizes: list[int]
     samples: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class SharedAudio:
+    """`StreamAudio` whose samples are in the front end's `AudioPipe`: `sum(sizes)` float32
+    samples from byte `at`; the engine frees them up to `end` once taken."""
+
+    stream_ids: list[int]
+    sizes: list[int]
+    at: int
+    end: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +110,7 @@ class NeedRoom:
     """A new stream needs the slot of the daemon's stream parked longest."""
 
 
-ToEngine = OpenStream | StreamAudio | EndStream | CloseStream | FrontMetrics | MetricsRequest | Up | NeedRoom
+ToEngine = OpenStream | SharedAudio | StreamAudio | EndStream | CloseStream | FrontMetrics | MetricsRequest | Up | NeedRoom
 
 
 # -- engine -> front end ---------------------------------------------------------------------------

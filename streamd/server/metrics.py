@@ -32,6 +32,7 @@ MIGRATION_RESULTS = ("ok", "failed")
 ENDPOINT_RULES = ("silence_after_speech", "silence_without_speech", "max_utterance")
 BACKLOG_ACTIONS = ("paced", "closed")
 RESUME_RESULTS = ("resumed", "fresh", "refused", "handoff")
+AUDIO_PATHS = ("shared", "inline")
 
 _LATENCY_BUCKETS = (0.08, 0.16, 0.24, 0.32, 0.48, 0.64, 0.96, 1.28, 1.92, 2.56, 3.84, 5.12, 10.24)
 _STEP_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
@@ -110,16 +111,21 @@ class Metrics:
             "expired, a new session was started; refused: without the session's resume secret, a new session was "
             "started) and streams ended by a handoff.", ["result"],
             namespace=ns, registry=r)
+        self.audio_messages = Counter(
+            "front_audio_messages", "Front ends' audio messages to the engine's process by path (shared: the "
+            "samples in the front end's shared-memory pipe; inline: in the message, when the pipe had no room, "
+            "the engine thread being behind).", ["path"], namespace=ns, registry=r)
         # Recorded by connections: in a front-end process (`server/worker.py`) these are sent to
         # the engine's process, whose /metrics adds them to its own.
         self.front = (self.streams_active, self.connections, self.rejections, self.audio_seconds,
-                      self.partial_latency, self.final_latency, self.backlog, self.endpoints)
+                      self.partial_latency, self.final_latency, self.backlog, self.endpoints, self.audio_messages)
         self._remote: dict[int, list[Metric]] = {}
         self.set_graphs(False, False)
         for counter, labels in ((self.rejections, REJECTION_REASONS),
                                 (self.resumes, RESUME_RESULTS),
                                 (self.endpoints, ENDPOINT_RULES),
                                 (self.backlog, BACKLOG_ACTIONS),
+                                (self.audio_messages, AUDIO_PATHS),
                                 (self.migrations, MIGRATION_RESULTS)):
             for label in labels:
                 counter.labels(label)

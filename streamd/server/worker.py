@@ -2,7 +2,8 @@
 engine in the daemon's main process, reached through a channel (`server/frontends.py`).
 
 `RemoteEngine` stands in for the `Engine`: `Connection` cannot tell them apart. A stream's audio
-is held here until it completes the engine's next chunk (`ChunkGate`), then goes as one piece;
+is held here until it completes the engine's next chunk (`ChunkGate`), then goes as one piece
+(through shared memory: `server/audio_pipe.py`);
 commands of a few milliseconds (`COALESCE_S`) go to the engine in one message; results come back
 one message per engine hand-over. Two threads here do the channel's blocking reads and writes,
 off the event loop.
@@ -24,11 +25,12 @@ from streamd.config import Config
 from streamd.errors import CapacityError, StreamFailed
 from streamd.engine.types import ChunkGeometry, EngineSession, EngineStatus
 from streamd.model.tokenizer import Tokenizer
+from streamd.server.audio_pipe import AudioPipe
 from streamd.server.channel import BlockingEnd
 from streamd.server.front import Front
 from streamd.server.link import (CloseStream, Done, EndStream, Evict, Failed, FrontMetrics, Handoff, MetricsRequest,
-                                 MetricsText, NeedRoom, Opened, OpenStream, Reconfigure, Results, Shutdown, Status,
-                                 StreamAudio, ToEngine, ToFront, Up, WorkerSpec, listening_socket)
+                                 MetricsText, NeedRoom, Opened, OpenStream, Reconfigure, Results, SharedAudio, Shutdown,
+                                 Status, StreamAudio, ToEngine, ToFront, Up, WorkerSpec, listening_socket)
 from streamd.server.heap import freeze_startup_heap
 from streamd.server.context import StreamContext
 from streamd.server.metrics import Metrics
@@ -54,7 +56,7 @@ def run(spec: WorkerSpec) -> None:
 
 
 async def _serve(spec: WorkerSpec) -> None:
-    engine = RemoteEngine(BlockingEnd(spec.sock), spec.status)
+    engine = RemoteEngine(BlockingEnd(spec.sock), spec.audio, spec.status)
     state = StreamContext(spec.config, engine, Tokenizer(spec.tokenizer), Metrics(process=False),
                           spec.model_name, census=spec.census, census_slot=spec.index,
                           sessions=Sessions(spec.config.server.resume_grace_s),
@@ -127,8 +129,8 @@ class ChunkGate:
 class RemoteEngine:
     """The engine as a front-end process sees it (the `EngineClient` surface)."""
 
-    def __init__(self, channel: BlockingEnd, status: EngineStatus) -> None:
-        self.channel = channel
+    def __init__(self, channel: BlockingEnd, audio: AudioPipe, status: EngineStatus) -> None:
+        self.channel, self.audio = channel, audio
         self._status = status
         self._state: StreamContext | None = None
         self.on_config: Callable[[Config], None] | None = None  # a reloaded configuration arrived
@@ -234,15 +236,22 @@ class RemoteEngine:
             self._loop.call_later(COALESCE_S, self._flush)
 
     def _flush(self) -> None:
-        """One channel message: the audio queued as one array (sent as is), then the other
-        messages in order. Audio first keeps the order that matters: no stream sends audio after
-        its `end` or `close`, and none before its `open` was answered."""
+        """One channel message: the audio queued (its samples put in the pipe, or in the message
+        when the pipe has no room), then the other messages in order. Audio first keeps the order
+        that matters: no stream sends audio after its `end` or `close`, and none before its `open`
+        was answered."""
         self._flush_due = False
         batch = self._pending
         if self._audio:
             stream_ids = [stream_id for stream_id, _ in self._audio]
-            sizes = [a.size for _, a in self._audio]
-            batch = [StreamAudio(stream_ids, sizes, np.concatenate([a for _, a in self._audio])), *batch]
+            pieces = [a for _, a in self._audio]
+            sizes = [a.size for a in pieces]
+            put = self.audio.put(pieces)
+            audio = StreamAudio(stream_ids, sizes, np.concatenate(pieces)) if put is None \
+                else SharedAudio(stream_ids, sizes, *put)
+            assert self._state is not None
+            self._state.metrics.audio_messages.labels(path="inline" if put is None else "shared").inc()
+            batch = [audio, *batch]
             self._audio = []
         if batch:
             self._out.put(batch)

@@ -17,7 +17,7 @@ AUDIO = link.StreamAudio([3, 1, 3], [2, 0, 3], np.arange(5, dtype=np.float32))
 RESULTS = link.Results(np.array([3, 1]), StepResults(np.array([[5, 6], [7, 0]]), np.array([[0, 1], [3, 0]]),
                                                      np.array([2, 0]), np.array([0, 2]), np.array([2, 4])))
 EVERY = [
-    link.OpenStream(3), AUDIO, link.EndStream(3), link.CloseStream(1), link.FrontMetrics([]),
+    link.OpenStream(3), link.SharedAudio([3, 1], [2, 5], 128, 256), AUDIO, link.EndStream(3), link.CloseStream(1), link.FrontMetrics([]),
     link.MetricsRequest(7), link.Up(1234), link.NeedRoom(),
     link.Opened(3, None), link.Opened(4, "all 4 stream slots are in use"),
     RESULTS, link.Done(3), link.Failed(1, "engine step failed"),

@@ -48,6 +48,9 @@ def test_front_ends_serve_what_one_process_serves(tmp_path: Path) -> None:
             assert metric(text, "streamd_streams_active") == 0
             assert metric(text, "streamd_batch_size_count") > 0  # the engine's own metrics are there too
             assert metric(text, "streamd_final_latency_seconds_count") >= 20
+            # the audio came through the front ends' shared-memory pipes, none inline
+            assert metric(text, 'streamd_front_audio_messages_total{path="shared"}') > 0
+            assert metric(text, 'streamd_front_audio_messages_total{path="inline"}') == 0
             # the capacity limit holds for the daemon, not per front end: 24 open across both
             held = [await websockets.connect(url + "/v1/stream") for _ in range(24)]
             await asyncio.sleep(0.1)
