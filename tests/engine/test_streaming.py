@@ -409,8 +409,9 @@ def test_the_batched_audio_bookkeeping_equals_one_stream_at_a_time(right: int) -
     message, `ready`, `finished`, `next_frames`, `take_held`, `release` of a launched part) leave
     every counter, queued piece and ring position exactly as the one-stream calls (`push`,
     `Stream.ready`, `Stream.finished`, `Stream.next_frames`, `take`) do, and return the same: with rings small
-    enough that pieces wrap and wait, a stream twice in one message, streams that end, and
-    held positions released one launch later (as `Recognizer._release_rings` does)."""
+    enough that pieces wrap and wait (copied: the message's buffer is reused), a stream twice in
+    one message, streams that end, and held positions released one launch later (as
+    `Recognizer._release_rings` does)."""
     from streamd.engine.stream import SlotAudio, Stream
     from streamd.engine.types import ChunkGeometry
 
@@ -442,8 +443,9 @@ def test_the_batched_audio_bookkeeping_equals_one_stream_at_a_time(right: int) -
             sizes = rng.integers(0, 3000 if rng.random() < 0.7 else 400, ids.size)
             samples = rng.standard_normal(int(sizes.sum())).astype(np.float32)
             starts = np.cumsum(sizes) - sizes
-            expected = [streams[slot].push_audio(samples[a: a + n]) for slot, a, n in zip(ids, starts, sizes)]
+            expected = [streams[slot].push_audio(samples[a: a + n].copy()) for slot, a, n in zip(ids, starts, sizes)]
             got = many.push_many(ids.astype(np.int64), starts, sizes.astype(np.int64), samples)
+            samples[:] = np.inf  # the message's buffer is reused (a front end's `AudioPipe`): nothing kept views it
             assert got.tolist() == [streams[slot].ready for slot in ids]  # after all the pieces
             assert [e for slot, e in zip(ids, expected) if slot == ids[-1]][-1] == got[-1]
             same()
