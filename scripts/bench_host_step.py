@@ -13,22 +13,27 @@ where the batched work is only queued).
 It prints the median step and, per stream, each phase's median: audio in (the pieces pushed, or
 the front ends' messages read and taken), readiness, launch and landing (results delivered).
 
-`--front-ends N` adds the daemon's channel work on the engine thread: each piece arrives in a
-`StreamAudio` message of one of N front ends (read from its frame: `channel._load`, taken by
-`Engine.take_pieces`), and each step's results leave as one framed `Results` per front end,
-as `Bridge` does; the front ends' own work (framing the audio, reading the results) is not
-timed.
+`--front-ends N` adds the daemon's channel work on the engine thread: N front-end processes
+(forked; their own work is not timed) each send their streams' pieces as the daemon's do (a
+`SharedAudio` naming the samples they put in their `AudioPipe`; with `--channel socket` a
+`StreamAudio` carrying them, the way the pipe replaced), which the engine thread reads from the
+channel's socket and takes (`Engine.take_pieces`, then `AudioPipe.free`, as `Bridge` does):
+"audio in" counts the time in those calls, not the waits for the front ends. Each step's
+results leave as one framed `Results` per front end.
 
     python scripts/bench_host_step.py --streams 2000 --chunk-ms 160 --piece-ms 100
     python scripts/bench_host_step.py --streams 2000 --chunk-ms 1120 --piece-ms 100 --profile
     python scripts/bench_host_step.py --streams 3000 --chunk-ms 160 --piece-ms 160 --front-ends 8
     python scripts/bench_host_step.py --streams 3000 --chunk-ms 160 --piece-ms 160 --front-ends 8 --queued-only
+    python scripts/bench_host_step.py --streams 3000 --chunk-ms 160 --piece-ms 160 --front-ends 8 --queued-only --channel socket
 """
 from __future__ import annotations
 
 import argparse
 import cProfile
+import multiprocessing
 import pstats
+import selectors
 import sys
 import time
 from pathlib import Path
@@ -43,9 +48,10 @@ from streamd.engine.engine import Engine  # noqa: E402
 from streamd.engine.recognizer import Recognizer  # noqa: E402
 from streamd.engine.types import EngineSession  # noqa: E402
 from streamd.model.checkpoint import load_model  # noqa: E402
-from streamd.server.channel import HEADER, _frame, _load  # noqa: E402
+from streamd.server.audio_pipe import AudioPipe  # noqa: E402
+from streamd.server.channel import BlockingEnd, NonBlockingEnd, _frame, socket_pair  # noqa: E402
 from streamd.server.frontends import front_messages  # noqa: E402
-from streamd.server.link import StreamAudio  # noqa: E402
+from streamd.server.link import SharedAudio, StreamAudio  # noqa: E402
 
 CHUNK_RC = {80: 0, 160: 1, 560: 6, 1120: 13}
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "streamd" / "assets" / "default-model.pt"
@@ -95,6 +101,8 @@ def main() -> None:
     ap.add_argument("--piece-ms", type=int, default=100, help="audio per pushed piece (a client message)")
     ap.add_argument("--front-ends", type=int, default=0,
                     help="route audio and results through N front ends' channel messages (0: direct)")
+    ap.add_argument("--channel", choices=("pipe", "socket"), default="pipe",
+                    help="with --front-ends: the samples in shared memory (the daemon's way) or in the messages")
     ap.add_argument("--queued-only", action="store_true",
                     help="also replace the step's batched torch work (pre-emphasis, frames, windows) by no-ops: "
                          "on a GPU it is queued, not computed, so what is left is the engine thread's share there")
@@ -130,27 +138,40 @@ def main() -> None:
     rate = m.dims.features.sample_rate
     chunk, piece = rate * args.chunk_ms // 1000, rate * args.piece_ms // 1000
     audio = (np.random.default_rng(0).standard_normal(chunk * 12) * 0.1).astype(np.float32)
-    fronts = [list(range(f, args.streams, args.front_ends)) for f in range(args.front_ends)]
+    fronts = [Front(list(range(f, args.streams, args.front_ends)), args.channel == "pipe", audio, chunk, piece)
+              for f in range(args.front_ends)]
+    selector = selectors.DefaultSelector()
+    for f in fronts:
+        selector.register(f.channel, selectors.EVENT_READ, f)
 
-    def frames(k: int) -> list[tuple[bytearray, int]]:
-        """Each front end's audio messages for step k, framed as its channel sends them (one
-        message a piece's time, all its streams in it): (body, out-of-band buffers)."""
-        base = (k % 10) * chunk
-        out = []
-        for ids in fronts:
-            for j in range(0, chunk, piece):
-                a = audio[base + j: base + min(j + piece, chunk)]
-                frame = b"".join(_frame([StreamAudio(ids, [a.size] * len(ids), np.tile(a, len(ids)))]))
-                out.append((bytearray(frame[HEADER.size:]), HEADER.unpack_from(frame)[1]))
-        return out
+    def front_end_audio(k: int) -> float:
+        """Step k's audio from every front end, as `Bridge` takes it; returns the seconds spent
+        in the engine thread's calls (reading the channels, taking the pieces)."""
+        busy, due = 0.0, len(fronts) * -(-chunk // piece)
+        for f in fronts:
+            f.channel.send(k)  # the front end sends its messages of step k
+        while due:
+            for key, _ in selector.select():
+                f = key.data
+                t = time.perf_counter()
+                messages, _ = f.channel.read()
+                for batch in messages:
+                    for m in batch:
+                        if isinstance(m, SharedAudio):
+                            engine.take_pieces([sessions[i] for i in m.stream_ids], m.sizes,
+                                               f.pipe.view(m.at, sum(m.sizes)))
+                            f.pipe.free(m.end)
+                        else:
+                            engine.take_pieces([sessions[i] for i in m.stream_ids], m.sizes, m.samples)
+                    due -= 1
+                busy += time.perf_counter() - t
+        return busy
 
     def step(k: int) -> float:
-        framed = frames(k) if fronts else []
         t0 = time.perf_counter()
-        if fronts:  # as `Bridge._apply`
-            for body, nbuf in framed:
-                for message in _load(body, nbuf):  # a channel message is a list of them
-                    engine.take_pieces([sessions[i] for i in message.stream_ids], message.sizes, message.samples)
+        if fronts:
+            audio_in = front_end_audio(k)
+            t0 = time.perf_counter() - audio_in
         else:
             base = (k % 10) * chunk
             for session in sessions:
@@ -168,12 +189,15 @@ def main() -> None:
         return t4 - t0
 
     phases: list[tuple[float, float, float, float]] = []  # audio in, readiness, launch, landing
-    for k in range(3):
+    # warm-up: 3 steps, and with front ends until their pipes have gone round once (a page of
+    # shared memory costs a fault in each process the first time it is touched)
+    warm = 3 if not fronts else max(3, -(-fronts[0].pipe.capacity // (4 * chunk * len(fronts[0].ids))) + 1)
+    for k in range(warm):
         step(k)
     phases.clear()
-    times = [step(k) for k in range(3, 3 + args.steps)]
+    times = [step(k) for k in range(warm, warm + args.steps)]
     ms = 1000 * float(np.median(times))
-    via = f", through {args.front_ends} front ends' messages" if fronts else ""
+    via = f", from {args.front_ends} front-end processes ({args.channel})" if fronts else ""
     via += ", batched torch work replaced by no-ops" if args.queued_only else ""
     print(f"{args.streams} streams, {args.chunk_ms} ms chunks, {args.piece_ms} ms pieces{via}: host step {ms:.1f} ms "
           f"median of {args.steps}, {1000 * ms / args.streams:.1f} us a stream")
@@ -186,6 +210,39 @@ def main() -> None:
             step(k)
         prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(15)
+    for f in fronts:
+        f.stop()
+
+
+class Front:
+    """A forked front-end process sending its streams' pieces of each step it is asked for,
+    as `RemoteEngine._flush` does (one message a piece's time, every stream of it in it)."""
+
+    def __init__(self, ids: list[int], shared: bool, audio: np.ndarray, chunk: int, piece: int) -> None:
+        ours, theirs = socket_pair()
+        self.ids, self.channel, self.pipe = ids, NonBlockingEnd(ours), AudioPipe.create()
+        self.process = multiprocessing.get_context("fork").Process(
+            target=self._serve, args=(BlockingEnd(theirs), ids, shared, audio, chunk, piece), daemon=True)
+        self.process.start()
+        theirs.close()
+
+    def _serve(self, channel: BlockingEnd, ids: list[int], shared: bool, audio: np.ndarray, chunk: int,
+               piece: int) -> None:
+        while (k := channel.recv()) is not None:
+            base = (k % 10) * chunk
+            for j in range(0, chunk, piece):
+                a = audio[base + j: base + min(j + piece, chunk)]
+                pieces = [a] * len(ids)
+                put = self.pipe.put(pieces) if shared else None
+                sizes = [a.size] * len(ids)
+                channel.send([StreamAudio(ids, sizes, np.concatenate(pieces)) if put is None
+                              else SharedAudio(ids, sizes, *put)])
+
+    def stop(self) -> None:
+        self.channel.send(None)
+        while self.channel.wants_write:
+            self.channel.flush()
+        self.process.join(5)
 
 
 if __name__ == "__main__":
