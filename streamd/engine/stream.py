@@ -73,8 +73,8 @@ class SlotAudio:
         """Piece i is samples[starts[i]: starts[i] + sizes[i]] of the stream in slots[i] (float32
         mono at the model's rate; int64 arrays of one length): each copied into its ring, or
         queued (a copy) when it does not fit yet, as `push` would one by one; `samples` is not
-        kept. Returns, per piece, whether
-        its stream has a full chunk pending now (after all the pieces)."""
+        kept. Returns, per piece, whether its stream has a full chunk pending now (after all the
+        pieces)."""
         samples = np.ascontiguousarray(samples, np.float32)  # (a no-op for a front end's message)
         if np.unique(slots).size != slots.size:  # a stream twice in one message: one piece at a time
             for slot, start, size in zip(slots.tolist(), starts.tolist(), sizes.tolist()):

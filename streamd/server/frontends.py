@@ -85,9 +85,11 @@ class Bridge:
         for m in messages:
             match m:
                 case SharedAudio(stream_ids, sizes, at, end):  # its streams' queued audio, in the pipe: taken now
-                    engine.take_pieces([self.sessions.get(i) for i in stream_ids], sizes,
-                                       self.audio.view(at, sum(sizes)))
-                    self.audio.free(end)
+                    try:
+                        engine.take_pieces([self.sessions.get(i) for i in stream_ids], sizes,
+                                           self.audio.view(at, sum(sizes)))
+                    finally:
+                        self.audio.free(end)
                 case StreamAudio(stream_ids, sizes, samples):  # the same, when the pipe had no room
                     engine.take_pieces([self.sessions.get(i) for i in stream_ids], sizes, samples)
                 case EndStream(stream_id):
