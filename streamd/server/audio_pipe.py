@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import tempfile
 from multiprocessing import reduction
 from typing import Any
 
@@ -47,11 +48,15 @@ class AudioPipe:
 
     @classmethod
     def create(cls, capacity: int = PIPE_BYTES) -> AudioPipe:
-        """A new pipe in anonymous shared memory (`memfd_create`: no file system, no size limit
-        of /dev/shm)."""
+        """A new pipe in anonymous shared memory (Linux's `memfd_create`: no file system, no size
+        limit of /dev/shm; elsewhere an unlinked temporary file)."""
         if capacity % ALIGN:
             raise ValueError(f"capacity must be a multiple of {ALIGN} bytes, not {capacity}")
-        fd = os.memfd_create("streamd-audio", os.MFD_CLOEXEC)
+        try:
+            fd = os.memfd_create("streamd-audio", os.MFD_CLOEXEC)
+        except (AttributeError, OSError):  # not Linux, or a kernel older than 3.17
+            fd, path = tempfile.mkstemp(prefix="streamd-audio-")
+            os.unlink(path)
         os.ftruncate(fd, HEADER_BYTES + capacity)
         return cls(fd, capacity)
 

@@ -74,3 +74,13 @@ def test_a_spawned_process_maps_the_same_memory() -> None:
     at, _ = out.get(timeout=10)  # the child's own counter: it wrote at its start, 0
     child.join(10)
     np.testing.assert_array_equal(writer.view(at, 4), [50.0, 51.0, 52.0, 53.0])
+
+
+def test_without_memfd_an_unlinked_temporary_file_holds_the_pipe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where `os.memfd_create` does not exist (not Linux) the pipe works the same."""
+    monkeypatch.delattr("os.memfd_create")
+    pipe = AudioPipe.create(1024)
+    put = pipe.put(pieces(5))
+    assert put is not None
+    np.testing.assert_array_equal(pipe.view(put[0], 5), np.arange(5, dtype=np.float32))
+    pipe.close()
