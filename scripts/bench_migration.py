@@ -33,6 +33,7 @@ import math
 import multiprocessing
 import platform
 import resource
+import signal
 import sys
 import tempfile
 import time
@@ -48,7 +49,7 @@ import websockets
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import load  # noqa: E402 - scripts/load.py: the daemon process and the test audio
 
-from streamd.admin_client import request  # noqa: E402
+from streamd.admin_client import AdminError, request  # noqa: E402
 from streamd.decoding.greedy import GreedyLabelLooping  # noqa: E402
 from streamd.model.checkpoint import save_streamd  # noqa: E402
 from streamd.model.dims import ModelDims  # noqa: E402
@@ -185,8 +186,8 @@ def client_process(url: str, indices: list[int], seconds: float, start_at: float
     return asyncio.run(all_clients())
 
 
-def admin(sock: Path, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-    status, reply = request(method, path, body, socket_path=sock, timeout=600)
+def admin(sock: Path, method: str, path: str, body: dict[str, Any] | None = None, timeout: float = 120) -> dict[str, Any]:
+    status, reply = request(method, path, body, socket_path=sock, timeout=timeout)
     return reply
 
 
@@ -220,13 +221,25 @@ def run_daemon(args: argparse.Namespace, model: Path, moves: list[str], tag: str
         time.sleep(args.warmup)  # the start's captures and backlog
         baseline = (time.time(), time.time() + args.settle)  # every stream running, nothing moved yet
         spies = [load.py_spy(daemon.proc.pid, min(args.py_spy, args.settle), Path(args.out).with_suffix(f".{tag}.pyspy-before.txt"))]
+        dumps = load.StackDumps(daemon.proc.pid, args.dump_every, Path(args.out).with_suffix(f".{tag}.stacks.txt"))
         time.sleep(args.settle)
         for i, move in enumerate(moves):
             dev, dt = move.split("/")
             if i == 0:
                 spies.append(load.py_spy(daemon.proc.pid, args.py_spy, Path(args.out).with_suffix(f".{tag}.pyspy-move1.txt")))
             t = time.time()
-            reply = admin(sock, "POST", "/v1/migrate", {"device": dev, "dtype": dt})
+            try:
+                reply = admin(sock, "POST", "/v1/migrate", {"device": dev, "dtype": dt}, timeout=args.move_timeout)
+            except AdminError as e:  # the daemon did not answer: where every thread is, then no more moves
+                dumps.now(f"move {move}: {e}")
+                reports.append({"move": move, "at": t, "until": time.time(), "ok": False,
+                                "error": f"no answer in {args.move_timeout:g} s ({e})",
+                                **dict.fromkeys(("prepare_ms", "pause_ms", "recapture_ms", "paced_ms", "graphs",
+                                                 "serving_gap_ms", "streams_live", "streams_failed", "encoder",
+                                                 "decoder")), "eager_reason": ""})
+                print(f"  [{tag}] {reports[-1]}", flush=True)
+                Path(args.out).write_text(json.dumps({"partial": True, "tag": tag, "moves": reports}, indent=2))
+                break
             report = reply.get("migration", {})
             done = time.time()  # the preparation (graphs captured while serving) took done - t of it
             time.sleep(max(0.0, done + args.settle - time.time()))
@@ -242,6 +255,7 @@ def run_daemon(args: argparse.Namespace, model: Path, moves: list[str], tag: str
             print(f"  [{tag}] {reports[-1]}", flush=True)
             # so far, in case the run is stopped before the clients' latencies are in (overwritten at the end)
             Path(args.out).write_text(json.dumps({"partial": True, "tag": tag, "moves": reports}, indent=2))
+        dumps.stop()
         if stop_file is not None:
             Path(stop_file).touch()
         logs = [log for job in jobs for log in job.result()]
@@ -249,7 +263,7 @@ def run_daemon(args: argparse.Namespace, model: Path, moves: list[str], tag: str
             if spy is not None:
                 spy.wait()
     finally:
-        pool.shutdown()
+        pool.shutdown(wait=False, cancel_futures=True)  # stopped early (SIGTERM): the clients end with the daemon
         restore()
         code = daemon.stop()
         if code not in (0, None):
@@ -324,10 +338,16 @@ def main() -> None:
     ap.add_argument("--thread-cpu", type=int, default=None,
                     help="`serve --thread-cpu`: the daemon's engine thread alone on this CPU, the clients off it")
     ap.add_argument("--out", default="bench_migration.json")
+    ap.add_argument("--dump-every", type=float, default=0.0,
+                    help="seconds between py-spy stack dumps of the daemon's threads from the first move on, in "
+                         "OUT.TAG.stacks.txt (and one when a move gets no answer; default: 0, off)")
+    ap.add_argument("--move-timeout", type=float, default=300.0,
+                    help="seconds a move's admin call may take; one that gets no answer ends the moves")
     ap.add_argument("--py-spy", type=float, default=0.0,
                     help="seconds of py-spy samples of the daemon (engine and front ends): before the first move "
                          "(at most --settle) and from its admin call on, beside --out (default: 0, off)")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout`: the daemon is stopped on the way out
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # thousands of client sockets
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     result = run(args)

@@ -28,6 +28,8 @@ status=0
 # (tokens compared with an unmoved run). MIGRATION_SPECS="CHUNK:STREAMS:DTYPE:MOVE,MOVE ..." replaces
 # them; MIGRATION_TESTS=0 skips the migration tests before them; MIGRATION_WORKERS (front ends, 8), MIGRATION_SETTLE_S (10), MIGRATION_TIMEOUT_S (540 a run: at 3000 streams a move prepares 40-100 s, its captures paced; a level of four moves fills a call),
 # MIGRATION_PY_SPY (seconds of py-spy samples before the first move and from it on; 0, off),
+# MIGRATION_DUMP_S (seconds between py-spy dumps of every daemon thread from the first move on, and one
+# when a move gets no answer in MIGRATION_MOVE_TIMEOUT_S, default 300; default 20; 0, off),
 # MIGRATION_THREAD_CPU (`serve --thread-cpu`: a CPU for the engine thread alone, the clients off it; unset, none).
 migration() {
   python3 -c "import sys; sys.path.insert(0, 'scripts'); from bench_migration import make_model; make_model('/tmp/fcl.pt', 1024)" || return 1
@@ -37,7 +39,8 @@ migration() {
               "160:16:fp32:cpu/fp32,cuda:0/fp32"}; do
     IFS=: read -r chunk n dtype moves <<< "$spec"
     timeout ${MIGRATION_TIMEOUT_S:-540} python3 scripts/bench_migration.py --model /tmp/fcl.pt --streams "$n" --chunk-ms "$chunk" \
-      --workers "$w" --start "cuda:0/$dtype" --moves "$moves" --settle ${MIGRATION_SETTLE_S:-10} --py-spy ${MIGRATION_PY_SPY:-0} ${MIGRATION_THREAD_CPU:+--thread-cpu $MIGRATION_THREAD_CPU} \
+      --workers "$w" --start "cuda:0/$dtype" --moves "$moves" --settle ${MIGRATION_SETTLE_S:-10} --py-spy ${MIGRATION_PY_SPY:-0} \
+      --dump-every ${MIGRATION_DUMP_S:-20} --move-timeout ${MIGRATION_MOVE_TIMEOUT_S:-300} ${MIGRATION_THREAD_CPU:+--thread-cpu $MIGRATION_THREAD_CPU} \
       --out "$OUT/bench_migration-$chunk-$n-$dtype-${moves//[\/,:]/_}.json" 2>&1 | grep -v -e Warning -e _VF.lstm \
       | tee -a "$OUT/bench_migration.log" || status=1
   done

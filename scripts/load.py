@@ -280,6 +280,42 @@ def py_spy(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes] | Non
                                 stdout=subprocess.DEVNULL, stderr=err)
 
 
+class StackDumps:
+    """Every `every_s` seconds, py-spy's stack of every thread of daemon process `pid` and its
+    children (engine and front ends), appended to `out` with the time: where each thread was when
+    a run stalls (`now()` adds one at once). Inert when `every_s` is 0 or py-spy is missing."""
+
+    def __init__(self, pid: int, every_s: float, out: Path) -> None:
+        self.pid, self.every_s, self.out = pid, every_s, out
+        self.exe = shutil.which("py-spy") or "/tmp/site/bin/py-spy"
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if every_s > 0 and Path(self.exe).exists():
+            self._thread = threading.Thread(target=self._run, name="stack-dumps", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.now()
+
+    def now(self, why: str = "") -> None:
+        if self.every_s <= 0 or not Path(self.exe).exists():
+            return
+        try:
+            done = subprocess.run([self.exe, "dump", "--pid", str(self.pid), "--subprocesses", "--nonblocking"],
+                                  capture_output=True, text=True, timeout=60)
+            text = done.stdout + done.stderr
+        except (OSError, subprocess.TimeoutExpired) as e:
+            text = f"py-spy dump failed: {e}\n"
+        with open(self.out, "a") as f:
+            f.write(f"===== {time.strftime('%H:%M:%S')} {why}\n{text}\n")
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(70)
+
+
 def keep_off(cpu: int | None) -> Callable[[], None]:
     """From now on the calling thread, and the client processes it starts, keep off `cpu` (the
     daemon's engine CPU, `serve --thread-cpu`: clients stand for users on other machines and must
