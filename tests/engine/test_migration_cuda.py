@@ -223,3 +223,58 @@ def test_a_migration_to_a_full_gpu_is_refused_and_serving_goes_on() -> None:
             await engine.stop()
 
     asyncio.run(main())
+
+
+def test_moves_while_streams_step_all_along_with_graphs() -> None:
+    """The H100 run of 2026-12-05 (benchmarks/h100-2026-12-05-migration): 3000 streams stepping
+    from encoder graphs and the full-graph decoder the whole time, a second move's preparation
+    capturing the target's encoder then decoder graphs beside them; the daemon stopped in the
+    middle of the decoder captures. Here streams in changing subsets (so that many batch sizes
+    are in use and prepared) step without pause through four moves bf16 <-> fp16; every move
+    succeeds, every step delivers, and graphs serve after each move."""
+    master = random_model(5, att_context_sizes=CONTEXT, d_model=128, n_layers=4, subsampling_channels=64)
+    fallbacks: list[str] = []
+    rng = np.random.default_rng(4)
+
+    async def main() -> None:
+        engine, rec = engine_on_cuda(master, 96, fallbacks)
+        engine.start()
+        try:
+            await engine.migrate(master, None, torch.bfloat16)
+            sessions = [await engine.open() for _ in range(96)]
+            chunk = rec.geometry.samples_for(rec.geometry.frames_after(1))
+            moving = True
+            steps = 0
+
+            async def stream_all_along() -> None:
+                nonlocal chunk, steps
+                first = True
+                while moving or first:
+                    some = sessions if first else [s for s in sessions if rng.random() < 0.6]
+                    for s in some:
+                        engine.push(s, rng.standard_normal(chunk if first else rec.geometry.chunk_ms * 16)
+                                    .astype(np.float32) * 0.1)
+                    for s in some:
+                        result = await asyncio.wait_for(s.results.get(), 60)
+                        assert result is not None and not isinstance(result, Exception), result
+                    first = False
+                    steps += 1
+
+            streaming = asyncio.ensure_future(stream_all_along())
+            await asyncio.sleep(1.0)  # many batch sizes served (and captured) before the first move
+            for to in (torch.float16, torch.bfloat16, torch.float16, torch.bfloat16):
+                at = steps
+                report = await asyncio.wait_for(engine.migrate(master, None, to), 120)
+                assert report.ok and report.graphs and report.streams_failed == 0, report
+                await asyncio.sleep(0.5)
+                assert steps > at and not streaming.done()
+                assert engine.status.encoder == "graphs" and engine.status.decoder != "eager"
+                print(f"to {to}: {report.graphs} prepared in {report.prepare_ms:.0f} ms, pause {report.pause_ms:.1f} ms,"
+                      f" {steps - at} rounds of steps meanwhile")
+            moving = False
+            await asyncio.wait_for(streaming, 60)
+            assert fallbacks == [] and engine.streams_failed == 0
+        finally:
+            await engine.stop()
+
+    asyncio.run(main())
