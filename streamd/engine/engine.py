@@ -107,7 +107,17 @@ class Engine:
         self._listeners: list[Callable[[], None]] = []
         self._landing: list[Future[float]] = []  # resolved with the time the next step lands
         self._status = self._snapshot()
-        self.step_times = StepTimes()
+        self.step_times = StepTimes(memory=self._device_memory)
+
+    def _device_memory(self) -> str | None:
+        """The serving device's memory in words (the caching allocator's counters: no CUDA call)."""
+        device = self.recognizer.model.device
+        if device.type != "cuda":
+            return None
+        gib = 2**30
+        total = torch.cuda.get_device_properties(device).total_memory
+        return (f"memory {torch.cuda.memory_allocated(device) / gib:.1f} GiB allocated, "
+                f"{torch.cuda.memory_reserved(device) / gib:.1f} reserved of {total / gib:.0f}")
 
     # -- loop side -----------------------------------------------------------------------------
     def start(self) -> None:

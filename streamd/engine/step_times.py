@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 log = logging.getLogger("streamd.engine")
@@ -30,6 +31,7 @@ class StepTimes:
     gpu_steps: int = 0
     since: float = field(default_factory=time.perf_counter)
     cpu_since: float | None = None  # the engine thread's CPU time at the window's start (set by `add`)
+    memory: Callable[[], str | None] | None = None  # the device's memory in words, for the GPU line
 
     def add(self, batch: int, launch_s: float, device_s: float, results_s: float,
             gpu_s: float | None = None) -> None:
@@ -58,13 +60,15 @@ class StepTimes:
                      os.getloadavg()[0], _cpus())
             self.cpu_since = cpu
             if self.gpu_steps:
-                log.info("engine: the GPU worked %.1f ms a step (%.1f us a stream), %.0f %% of the time",
-                         1e3 * self.gpu_s / self.gpu_steps, 1e6 * self.gpu_s / self.streams, 100 * self.gpu_s / wall)
+                memory = self.memory() if self.memory is not None else None
+                log.info("engine: the GPU worked %.1f ms a step (%.1f us a stream), %.0f %% of the time%s",
+                         1e3 * self.gpu_s / self.gpu_steps, 1e6 * self.gpu_s / self.streams, 100 * self.gpu_s / wall,
+                         f"; {memory}" if memory else "")
             self.steps = self.streams = self.gpu_steps = 0
             self.launch_s = self.device_s = self.results_s = self.gpu_s = 0.0
             self.since = now
 
 
 def _cpus() -> int:
-    """CPUs this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    """The host's CPUs (the load average is the host's; the engine thread may be pinned to one)."""
+    return os.cpu_count() or 1

@@ -196,7 +196,7 @@ def test_step_times_report_where_the_engine_thread_went(caplog: pytest.LogCaptur
 
 
 def test_step_times_report_the_gpus_own_time_when_steps_measured_it(caplog: pytest.LogCaptureFixture) -> None:
-    times = StepTimes(every_s=3600.0)
+    times = StepTimes(every_s=3600.0, memory=lambda: "memory 1.0 GiB allocated, 2.0 reserved of 80")
     times.add(100, 0.010, 0.020, 0.005, gpu_s=0.030)
     times.add(100, 0.010, 0.020, 0.005, gpu_s=None)  # e.g. the first step after a migration
     times.every_s = 0.0
@@ -204,7 +204,20 @@ def test_step_times_report_the_gpus_own_time_when_steps_measured_it(caplog: pyte
         times.add(200, 0.010, 0.020, 0.005, gpu_s=0.050)
     gpu = caplog.records[-1].getMessage()
     assert "the GPU worked 40.0 ms a step" in gpu and "(200.0 us a stream)" in gpu  # 80 ms over 400 streams
+    assert gpu.endswith("; memory 1.0 GiB allocated, 2.0 reserved of 80")
     assert times.gpu_s == 0.0 and times.gpu_steps == 0
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_the_gpu_line_says_the_serving_devices_memory(device: str) -> None:
+    """On a GPU the engine's periodic report names the serving device's memory; on the CPU it
+    has none to name."""
+    engine = Engine(Recognizer(random_model().to(device), capacity=4), max_batch=4, batch_wait_s=0.0)
+    memory = engine._device_memory()
+    if device == "cpu":
+        assert memory is None
+    else:
+        assert memory is not None and memory.startswith("memory ") and "GiB allocated" in memory
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
