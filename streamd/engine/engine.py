@@ -22,6 +22,7 @@ import logging
 import sys
 import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
@@ -95,6 +96,7 @@ class Engine:
         self._flight: deque[_Step] = deque()  # launched steps, oldest first (at most two)
         self._held: deque[Command] = deque()  # commands that wait until no step is in flight
         self._landed_at = 0.0  # when the last step's results were delivered (perf_counter)
+        self._progress_at = time.perf_counter()  # when the engine thread last launched or landed a step
         self.streams_failed = 0  # streams ended by a failed step since start (a migration reports its share)
         self._last_landed: Launched | None = None  # the step before the one landing next, on the device
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -108,6 +110,19 @@ class Engine:
         self._landing: list[Future[float]] = []  # resolved with the time the next step lands
         self._status = self._snapshot()
         self.step_times = StepTimes(memory=self._device_memory)
+
+    def stalled(self, limit_s: float) -> str | None:
+        """From any thread: None, or (when steps are in flight or streams wait for one and the
+        engine thread has launched and landed none for `limit_s`) what it is doing, its Python
+        stack included (a thread blocked in a CUDA call, a deadlock)."""
+        idle = time.perf_counter() - self._progress_at
+        waiting = len(self._flight) + len(self._ready_set)
+        if idle < limit_s or not waiting or self._thread is None:
+            return None
+        frame = sys._current_frames().get(self._thread.ident or -1)
+        where = "".join(traceback.format_stack(frame)) if frame is not None else "(no stack: the thread is gone)\n"
+        return (f"the engine thread has launched and landed no step for {idle:.0f} s with {len(self._flight)} "
+                f"in flight and {len(self._ready_set)} streams ready; it is at:\n{where}")
 
     def _device_memory(self) -> str | None:
         """The serving device's memory in words (the caching allocator's counters: no CUDA call)."""
@@ -407,12 +422,14 @@ class Engine:
             launched = self.recognizer.launch(streams)
         except Exception as e:
             self._fail(batch, e)
+            self._progress_at = time.perf_counter()  # the thread goes on (its streams failed)
             return
         for s in batch:  # ready again only if more input is there
             del self._ready_set[s]
             self._touched[s] = None
             s.in_flight += 1
         self._flight.append(_Step(batch, launched, t0, time.perf_counter() - t0))
+        self._progress_at = time.perf_counter()
 
     def _land(self) -> None:
         """Wait for the oldest launched step (serving the sources meanwhile) and deliver its
@@ -426,6 +443,7 @@ class Engine:
         except Exception as e:
             self._fail(step.batch, e)
             results = None
+        self._progress_at = time.perf_counter()
         if results is not None:
             now = time.perf_counter()
             if self._on_step is not None:  # the time this step held the pipeline's output

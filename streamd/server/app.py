@@ -40,6 +40,8 @@ log = logging.getLogger("streamd.server")
 # CUDA-graph decoders per octave of batch sizes: a step of few streams does not pay for capacity.
 DECODER_BUCKETS_PER_OCTAVE = 4
 DRAINED_POLL_S = 0.2  # how often a `drain --exit` looks for its last stream's end
+STALL_S = 60.0  # an engine thread with streams waiting and no step launched or landed this long is stalled
+STALL_CHECK_S = 5.0  # how often the watchdog task looks
 
 
 def build_state(cfg: Config, metrics: Metrics) -> ServerState:
@@ -153,7 +155,7 @@ class App:
                 _on_signals(loop, (signal.SIGHUP,), self.reload)  # until now ignored (cli.py)
                 if started is not None:
                     started.set_result(port)
-                watchdog = asyncio.create_task(_watchdog(notifier))
+                watchdog = asyncio.create_task(_watchdog(notifier, self.state.engine))
                 exiter = asyncio.create_task(self._exit_when_drained())
                 await _until_either(self.state.shutdown, self.state.engine.died)
                 exiter.cancel()
@@ -245,13 +247,24 @@ def _on_signals(loop: asyncio.AbstractEventLoop, signals: tuple[int, ...], act: 
             pass
 
 
-async def _watchdog(notifier: systemd.Notifier) -> None:
+async def _watchdog(notifier: systemd.Notifier, engine: Engine, stall_s: float = STALL_S) -> None:
+    """Feed systemd's watchdog (if it has one) while the engine makes progress. An engine thread
+    that has launched and landed no step for `stall_s` while streams wait (blocked in a CUDA call,
+    a deadlock) is logged once, with its stack, and the watchdog is no longer fed: systemd then
+    restarts the daemon (`WatchdogSec=`, `Restart=`)."""
     interval = notifier.watchdog_interval
-    if interval is None:
-        return
+    reported = False
     while True:
-        notifier.watchdog()
-        await asyncio.sleep(interval)
+        stall = engine.stalled(stall_s)
+        if stall is None:
+            reported = False
+            if interval is not None:
+                notifier.watchdog()
+        elif not reported:
+            reported = True
+            log.error("engine stalled%s: %s", "; no longer feeding systemd's watchdog" if interval is not None else "",
+                      stall)
+        await asyncio.sleep(min(interval, STALL_CHECK_S) if interval is not None else STALL_CHECK_S)
 
 
 def _bound_port(server: Server) -> int:

@@ -478,3 +478,59 @@ def test_a_front_ends_message_is_taken_as_its_pieces_one_by_one() -> None:
     np.testing.assert_array_equal(a.rows, b.rows)
     assert b.samples[mine_many[0].stream.slot] == chunk - 1
     assert b.samples[mine_many[3].stream.slot] == chunk // 2 + 400 + chunk
+
+
+def test_an_engine_thread_blocked_in_a_step_is_reported_with_its_stack(caplog: pytest.LogCaptureFixture) -> None:
+    """A step that never returns (a CUDA call that blocks, a deadlock) while streams wait: the
+    engine says it stalled and where its thread is; the daemon's watchdog task logs that once and
+    stops feeding systemd's watchdog (so systemd restarts the daemon), and feeds it again once
+    steps go on."""
+    import threading
+
+    from streamd.server import app
+
+    release = threading.Event()
+    rec = Recognizer(random_model(), capacity=4)
+    real_launch = rec.launch
+
+    def launch_that_blocks(streams: list[Stream]) -> object:
+        release.wait(30)
+        return real_launch(streams)
+
+    fed: list[float] = []
+
+    class Notifier:
+        watchdog_interval = 0.05
+
+        def watchdog(self) -> bool:
+            fed.append(time.monotonic())
+            return True
+
+    async def main() -> None:
+        engine = Engine(rec, max_batch=4, batch_wait_s=0.0)
+        engine.start()
+        try:
+            session = await engine.open()
+            assert engine.stalled(0.0) is None  # nothing waits: an idle engine is not stalled
+            rec.launch = launch_that_blocks  # type: ignore[method-assign]
+            engine.push(session, np.zeros(rec.geometry.samples_for(rec.geometry.frames_after(1)), np.float32))
+            watchdog = asyncio.ensure_future(app._watchdog(Notifier(), engine, stall_s=0.3))  # type: ignore[arg-type]
+            await asyncio.sleep(0.8)
+            stall = engine.stalled(0.3)
+            assert stall is not None and "launch_that_blocks" in stall and "release.wait" in stall
+            fed_while_stalled = len(fed)
+            await asyncio.sleep(0.3)
+            assert len(fed) == fed_while_stalled  # no longer fed
+            release.set()
+            assert await asyncio.wait_for(session.results.get(), 30) is not None
+            await asyncio.sleep(0.3)
+            assert engine.stalled(0.3) is None and len(fed) > fed_while_stalled  # fed again
+            watchdog.cancel()
+        finally:
+            release.set()
+            await engine.stop()
+
+    with caplog.at_level(logging.ERROR, logger="streamd.server"):
+        asyncio.run(main())
+    stalls = [r.getMessage() for r in caplog.records if "engine stalled" in r.getMessage()]
+    assert len(stalls) == 1 and "no longer feeding systemd's watchdog" in stalls[0] and "launch_that_blocks" in stalls[0]
