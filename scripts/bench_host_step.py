@@ -17,7 +17,7 @@ the front ends' messages read and taken), readiness, launch and landing (results
 (forked; their own work is not timed) each send their streams' pieces as the daemon's do (a
 `SharedAudio` naming the samples they put in their `AudioPipe`; with `--channel socket` a
 `StreamAudio` carrying them, the way the pipe replaced), which the engine thread reads from the
-channel's socket and takes (`Engine.take_pieces`, then `AudioPipe.free`, as `Bridge` does):
+channel's socket and takes (`frontends.take_audio`, as `Bridge` does):
 "audio in" counts the time in those calls, not the waits for the front ends. Each step's
 results leave as one framed `Results` per front end.
 
@@ -50,7 +50,7 @@ from streamd.engine.types import EngineSession  # noqa: E402
 from streamd.model.checkpoint import load_model  # noqa: E402
 from streamd.server.audio_pipe import AudioPipe  # noqa: E402
 from streamd.server.channel import BlockingEnd, NonBlockingEnd, _frame, socket_pair  # noqa: E402
-from streamd.server.frontends import front_messages  # noqa: E402
+from streamd.server.frontends import front_messages, take_audio  # noqa: E402
 from streamd.server.link import SharedAudio, StreamAudio  # noqa: E402
 
 CHUNK_RC = {80: 0, 160: 1, 560: 6, 1120: 13}
@@ -157,12 +157,7 @@ def main() -> None:
                 messages, _ = f.channel.read()
                 for batch in messages:
                     for m in batch:
-                        if isinstance(m, SharedAudio):
-                            engine.take_pieces([sessions[i] for i in m.stream_ids], m.sizes,
-                                               f.pipe.view(m.at, sum(m.sizes)))
-                            f.pipe.free(m.end)
-                        else:
-                            engine.take_pieces([sessions[i] for i in m.stream_ids], m.sizes, m.samples)
+                        take_audio(engine, m, [sessions[i] for i in m.stream_ids], f.pipe)
                     due -= 1
                 busy += time.perf_counter() - t
         return busy

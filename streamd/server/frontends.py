@@ -28,6 +28,7 @@ from collections.abc import Callable
 import numpy as np
 
 from streamd.config import Config
+from streamd.engine.engine import Engine
 from streamd.engine.inbox import Close, End, StreamCommand
 from streamd.engine.types import EngineSession, Handover
 from streamd.server.audio_pipe import AudioPipe
@@ -84,14 +85,8 @@ class Bridge:
         batch: list[StreamCommand] = []
         for m in messages:
             match m:
-                case SharedAudio(stream_ids, sizes, at, end):  # its streams' queued audio, in the pipe: taken now
-                    try:
-                        engine.take_pieces([self.sessions.get(i) for i in stream_ids], sizes,
-                                           self.audio.view(at, sum(sizes)))
-                    finally:
-                        self.audio.free(end)
-                case StreamAudio(stream_ids, sizes, samples):  # the same, when the pipe had no room
-                    engine.take_pieces([self.sessions.get(i) for i in stream_ids], sizes, samples)
+                case SharedAudio() | StreamAudio():  # its streams' queued audio: taken now
+                    take_audio(engine, m, [self.sessions.get(i) for i in m.stream_ids], self.audio)
                 case EndStream(stream_id):
                     if (s := self.sessions.get(stream_id)) is not None:
                         batch.append(End(s))
@@ -170,6 +165,20 @@ class Bridge:
         """Write `messages` to the channel (engine thread)."""
         if not self.gone:
             self.channel.send(messages)
+
+
+def take_audio(engine: Engine, message: SharedAudio | StreamAudio, sessions: list[EngineSession | None],
+               pipe: AudioPipe) -> None:
+    """A front end's audio message, on the engine thread: each piece into its stream's ring
+    (`Engine.take_pieces`; sessions[i] is stream_ids[i]'s, None if unknown); the samples of a
+    `SharedAudio` are then freed in the front end's `pipe`, also when taking them failed."""
+    if isinstance(message, StreamAudio):
+        engine.take_pieces(sessions, message.sizes, message.samples)
+        return
+    try:
+        engine.take_pieces(sessions, message.sizes, pipe.view(message.at, sum(message.sizes)))
+    finally:
+        pipe.free(message.end)
 
 
 def front_messages(handover: Handover) -> list[ToFront]:

@@ -85,6 +85,11 @@ def test_a_failed_decoder_capture_does_not_poison_the_next() -> None:
     assert second.mode != DEC_EAGER and second.eager_reason == ""
 
 
+def small_master() -> Any:
+    """The fp32 CPU master weights these tests move: a 4-layer model of 128 channels."""
+    return random_model(5, att_context_sizes=CONTEXT, d_model=128, n_layers=4, subsampling_channels=64)
+
+
 def engine_on_cuda(master: Any, slots: int, fallbacks: list[str]) -> tuple[Engine, Recognizer]:
     rec = Recognizer(copy.deepcopy(master).cuda(), slots, CONTEXT[0],
                      search_factory=lambda m: make_decoder(m, "auto", per_octave=4),
@@ -100,7 +105,7 @@ def test_steps_go_on_while_another_thread_captures_graph_after_graph() -> None:
     dropped thousands of streams. Here another thread captures 80 graphs the way a preparation
     does (`EncoderGraphBackend.capture`) while engine steps copy from the pinned rings; every
     step and every capture succeeds."""
-    master = random_model(5, att_context_sizes=CONTEXT, d_model=128, n_layers=4, subsampling_channels=64)
+    master = small_master()
     rng = np.random.default_rng(2)
     dev = torch.device("cuda")
     done = threading.Event()
@@ -145,7 +150,7 @@ def test_a_migration_prepared_while_the_engine_captures_breaks_nothing() -> None
     """The collision of the field report: the target is copied, probed and its graphs captured
     (with synchronize and empty_cache calls) while the engine thread captures its own graphs.
     Both succeed; the steps after the cut-over replay the target's prepared graphs."""
-    master = random_model(5, att_context_sizes=CONTEXT, d_model=128, n_layers=4, subsampling_channels=64)
+    master = small_master()
     fallbacks: list[str] = []
     rng = np.random.default_rng(1)
 
@@ -195,7 +200,7 @@ def test_a_migration_to_a_full_gpu_is_refused_and_serving_goes_on() -> None:
     """The field report's last move: a target that does not fit beside what serves is refused
     before anything is allocated (it once filled the GPU and the serving steps failed), and the
     streams go on from the source's graphs."""
-    master = random_model(5, att_context_sizes=CONTEXT, d_model=128, n_layers=4, subsampling_channels=64)
+    master = small_master()
     fallbacks: list[str] = []
     rng = np.random.default_rng(3)
 
@@ -232,7 +237,7 @@ def test_moves_while_streams_step_all_along_with_graphs() -> None:
     middle of the decoder captures. Here streams in changing subsets (so that many batch sizes
     are in use and prepared) step without pause through four moves bf16 <-> fp16; every move
     succeeds, every step delivers, and graphs serve after each move."""
-    master = random_model(5, att_context_sizes=CONTEXT, d_model=128, n_layers=4, subsampling_channels=64)
+    master = small_master()
     fallbacks: list[str] = []
     rng = np.random.default_rng(4)
 
@@ -247,7 +252,7 @@ def test_moves_while_streams_step_all_along_with_graphs() -> None:
             steps = 0
 
             async def stream_all_along() -> None:
-                nonlocal chunk, steps
+                nonlocal steps
                 first = True
                 while moving or first:
                     some = sessions if first else [s for s in sessions if rng.random() < 0.6]
