@@ -27,6 +27,16 @@ last recorded in a capturing stream"; thousands of streams dropped). A private s
 other live thread holds; a thread gives its streams back when it ends. Neither thread queues on
 the legacy default stream either: the engine thread serves on a private stream
 (`leave_legacy_stream`) and a migration's preparation runs on one (`own_stream`).
+
+A graph keeps the cuBLAS workspace of the thread and stream it was captured on: torch gives each
+thread's cuBLAS handle one workspace per stream, and the captured GEMMs use it at every replay
+(split-K GEMMs keep partial sums and semaphores there). Two graphs captured on one stream of one
+thread must never run at once, nor one of them beside eager work queued on that stream. The
+engine thread's graphs all run on its serving stream, one after another. A migration's thread
+captures each move's graphs on a stream other than the one the serving graphs came from
+(`capturing_on`): its warm-ups, self-checks and captures run beside the engine's replays of the
+last move's graphs. When both used one stream, a 1500-stream daemon on an H100 hung in its second
+move, the engine's step and the preparation's self-check never finishing.
 """
 from __future__ import annotations
 
@@ -111,6 +121,31 @@ def leave_legacy_stream(device: torch.device) -> None:
     own.wait_stream(legacy)
     with torch.cuda.device(device):
         torch.cuda.set_stream(own)
+
+
+CAPTURE = "capture"  # the purpose of a thread's capture stream, unless `capturing_on` names another
+
+
+def capture_purpose() -> str:
+    """The purpose of the calling thread's capture stream now (`capturing_on`)."""
+    return getattr(_LOCAL, "capture_purpose", CAPTURE)
+
+
+def capture_stream(device: torch.device) -> Any:
+    """The calling thread's stream for graph captures (and their warm-ups) on `device`."""
+    return private_stream(device, capture_purpose())
+
+
+@contextmanager
+def capturing_on(purpose: str) -> Iterator[None]:
+    """The calling thread's captures in the block use its private stream for `purpose`, and so
+    a cuBLAS workspace of their own (see the module docstring)."""
+    before = capture_purpose()
+    _LOCAL.capture_purpose = purpose
+    try:
+        yield
+    finally:
+        _LOCAL.capture_purpose = before
 
 
 @contextmanager

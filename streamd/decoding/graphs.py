@@ -84,7 +84,7 @@ class CudaGraphBackend:
         sharing one private memory pool (steps never overlap, and each step's temporaries die
         inside it). Graphs keep their cudaGraph_t so a full graph can embed them."""
         with torch.cuda.device(device):
-            stream = cuda_capture.private_stream(device, "capture")
+            stream = cuda_capture.capture_stream(device)
             stream.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(stream):
                 for _ in range(self.warmup_runs):

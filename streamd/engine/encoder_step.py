@@ -103,7 +103,7 @@ class EncoderGraphBackend:
         capture state behind). Whatever fails, the caller's current stream is current again."""
         with torch.cuda.device(device):
             caller = torch.cuda.current_stream(device)
-            stream = cuda_capture.private_stream(device, "capture")
+            stream = cuda_capture.capture_stream(device)
             try:
                 stream.wait_stream(caller)
                 with torch.cuda.stream(stream):

@@ -10,6 +10,8 @@
    (`prepare_steps`, on a side stream), so that the first steps after the move replay graphs
    instead of capturing them while every stream waits (capturing every size the warm-up made took 10-50 s a move at thousands of
    streams on an H200). The captures are spaced out (`Pacer`): serving catches up between them.
+   They run on one of two capture streams, not the one the serving graphs were captured on
+   (`CAPTURE_STREAMS`): a graph's GEMMs keep using the cuBLAS workspace of its capture stream.
    Every CUDA call of this preparation that could break a capture on the engine thread (a
    synchronize, `empty_cache`, a capture) holds `cuda_capture.DEVICE_LOCK`, as the engine
    thread's captures do, and its work is queued on a stream of its own, never the legacy
@@ -44,7 +46,7 @@ from typing import Any, Protocol
 
 import torch
 
-from streamd.cuda_capture import DEVICE_LOCK, own_stream
+from streamd.cuda_capture import DEVICE_LOCK, capturing_on, own_stream
 from streamd.engine import probes
 from streamd.engine.encoder_step import EncoderStep
 from streamd.engine.placement import DTYPE_NAMES, move_model
@@ -60,6 +62,7 @@ IN_USE_S = 60.0  # a migration prepares the graphs of the batch sizes called thi
 HOT_S = 5.0  # ... those called this recently first (the first steps after the move need them)
 GAP_WAIT_S = 3.0  # the most a migration waits for the first step after its cut-over (its serving gap)
 CAPTURE_SHARE = 0.5  # the most of a migration's graph-capturing time spent capturing (`Pacer`)
+CAPTURE_STREAMS = ("migration-a", "migration-b")  # moves capture on these in turn (`capture_stream_for`)
 
 
 @dataclass
@@ -204,16 +207,26 @@ def stage_cache(target: Transducer, capacity: int, att_context: tuple[int, int],
     return cache
 
 
+def capture_stream_for(rec: Recognizer) -> str:
+    """The capture stream (purpose) for a move of `rec`: of `CAPTURE_STREAMS`, the one its
+    serving graphs were not captured on. The preparation's warm-ups, self-checks and captures
+    run beside the engine's replays of those graphs, and two graphs captured on one stream of
+    the migration thread share that stream's cuBLAS workspace (`streamd.cuda_capture`)."""
+    first, second = CAPTURE_STREAMS
+    return second if rec.prepared_on == first else first
+
+
 @dataclass
 class PreparedSteps:
-    """The target's encoder step and search, with graphs captured for `graphs` batch sizes and
-    `deferred` sizes left to their first step."""
+    """The target's encoder step and search, with graphs captured (on the migration thread's
+    `captured_on` stream) for `graphs` batch sizes and `deferred` sizes left to their first step."""
 
     encoder_step: EncoderStep
     search: Search
     capture_ms: float
     graphs: str
     deferred: int = 0
+    captured_on: str = ""
 
 
 def prepare_steps(rec: Recognizer, target: Transducer, sizes: list[tuple[list[int], list[int]]],
@@ -236,9 +249,11 @@ def prepare_steps(rec: Recognizer, target: Transducer, sizes: list[tuple[list[in
     prepare = getattr(search, "prepare", None)
     enc: list[int] = []
     dec: list[int] = []
-    for enc_sizes, dec_sizes in sizes:
-        enc = encoder_step.prepare(enc_sizes, rec.mel_window, rec.att_context, allowed, rec.kv_cache)
-        dec = prepare(dec_sizes, allowed) if prepare is not None and dec_sizes else dec
+    captured_on = capture_stream_for(rec)
+    with capturing_on(captured_on):
+        for enc_sizes, dec_sizes in sizes:
+            enc = encoder_step.prepare(enc_sizes, rec.mel_window, rec.att_context, allowed, rec.kv_cache)
+            dec = prepare(dec_sizes, allowed) if prepare is not None and dec_sizes else dec
     wanted_enc = {b for group, _ in sizes for b in group}
     wanted_dec = {b for _, group in sizes for b in group}
     graphs = f"encoder {len(enc)}, decoder {len(dec)}" if enc or dec else ""
@@ -246,7 +261,7 @@ def prepare_steps(rec: Recognizer, target: Transducer, sizes: list[tuple[list[in
     if deferred:
         log.warning("migration: the graphs of %d batch sizes are left to their first step after the move "
                     "(%.0f%% of the GPU's memory kept free for serving)", deferred, MIN_FREE * 100)
-    return PreparedSteps(encoder_step, search, (time.perf_counter() - t0) * 1000, graphs, deferred)
+    return PreparedSteps(encoder_step, search, (time.perf_counter() - t0) * 1000, graphs, deferred, captured_on)
 
 
 def cut_over(rec: Recognizer, target: Transducer, staged: EncoderCache | None = None,
@@ -271,6 +286,8 @@ def cut_over(rec: Recognizer, target: Transducer, staged: EncoderCache | None = 
         _empty_cache(target.device)
         raise MigrationFailed(f"{type(e).__name__}: {e}") from e
     t2 = time.perf_counter()
+    if steps is not None:
+        rec.prepared_on = steps.captured_on
     log.info("migration cut-over: state queued %.1f ms, synchronized %.1f ms (%d streams)",
              (t1 - t0) * 1000, (t2 - t1) * 1000, rec.active)
     held: list[object] = [source, source_steps]  # until released

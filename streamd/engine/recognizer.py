@@ -93,6 +93,9 @@ class Recognizer:
         self.ring_copy = ring_copy
         self.capacity, self.search_factory, self.encoder_factory = capacity, search_factory, encoder_factory
         self.model, self.search, self.encoder_step = model, search_factory(model), encoder_factory(model)
+        # The capture stream (`cuda_capture.capturing_on`) of the migration whose graphs serve now
+        # ('' before any): the next move captures on the other one.
+        self.prepared_on = ""
         self.att_context = model.dims.att_context(att_context)
         self.geometry = ChunkGeometry.of(model.dims, self.att_context[1])
         self.features = features

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from helpers import random_model
+from streamd import cuda_capture
 from streamd.buckets import bucket_size
 from streamd.decoding.graphs import BucketedGraphDecoder
 from streamd.engine import migration
@@ -170,6 +171,50 @@ def test_a_failed_cut_over_keeps_the_sources_graphs(monkeypatch: pytest.MonkeyPa
             report = await engine.migrate(master, None, torch.bfloat16)
             assert not report.ok and "converting stream state" in report.error
             assert (rec.encoder_step, rec.search) == source and rec.encoder_step.buckets  # not made again
+        finally:
+            await engine.stop()
+
+    asyncio.run(main())
+
+
+def test_each_move_captures_on_another_stream_than_the_serving_graphs_came_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A graph's GEMMs use the cuBLAS workspace of the stream it was captured on: a move's
+    preparation, which runs beside the serving graphs, must not capture on theirs."""
+    master = random_model(seed=2, att_context_sizes=CONTEXT)
+    made = Made()
+    purposes: list[str] = []
+    real_prepare = BucketedGraphDecoder.prepare
+
+    def recording(self: BucketedGraphDecoder, *args: Any) -> list[int]:
+        purposes.append(cuda_capture.capture_purpose())
+        return real_prepare(self, *args)
+
+    monkeypatch.setattr(BucketedGraphDecoder, "prepare", recording)
+
+    async def main() -> None:
+        rec, engine = made.started(master)
+
+        async def move(dtype: torch.dtype, ok: bool = True) -> str:
+            """The capture stream the move's preparation used."""
+            await engine.call(lambda r: r.capture_graphs(SLOTS))  # sizes in use: the move prepares them
+            purposes.clear()
+            report = await engine.migrate(master, None, dtype)
+            assert report.ok == ok and purposes and len(set(purposes)) == 1, (report, purposes)
+            return purposes[0]
+
+        try:
+            assert rec.prepared_on == "" and await move(torch.bfloat16) == "migration-a"
+            assert rec.prepared_on == "migration-a" and await move(torch.float32) == "migration-b"
+
+            def fails(*args: Any) -> Any:
+                raise migration.MigrationFailed("simulated: the cut-over failed")
+
+            with monkeypatch.context() as m:  # prepared, then not swapped in
+                m.setattr(Engine, "cut_over", fails)
+                assert await move(torch.bfloat16, ok=False) == "migration-a"
+            assert rec.prepared_on == "migration-b"  # the graphs serving now: the next move avoids them
+            assert await move(torch.bfloat16) == "migration-a" and rec.prepared_on == "migration-a"
+            assert cuda_capture.capture_purpose() == cuda_capture.CAPTURE  # only inside the preparation
         finally:
             await engine.stop()
 
