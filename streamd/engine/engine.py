@@ -26,7 +26,7 @@ import traceback
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -105,6 +105,7 @@ class Engine:
         self.error: BaseException | None = None  # that error
         self._stopping = False
         self._cutting_over = False
+        self._stalled = False  # said by the daemon's watchdog (`set_stalled`)
         self._migrating = asyncio.Lock()
         self._listeners: list[Callable[[], None]] = []
         self._landing: list[Future[float]] = []  # resolved with the time the next step lands
@@ -162,10 +163,10 @@ class Engine:
         rec = self.recognizer
         return EngineStatus(str(rec.model.device), DTYPE_NAMES[rec.model.dtype], rec.geometry, rec.capacity,
                             rec.encoder_step.mode, getattr(rec.search, "mode", "eager"), self._cutting_over,
-                            rec.eager_reason())
+                            rec.eager_reason(), self._stalled)
 
     def add_listener(self, listener: Callable[[], None]) -> None:
-        """Call `listener()` on the event loop whenever a migration changes the status."""
+        """Call `listener()` on the event loop whenever a migration or a stall changes the status."""
         self._listeners.append(listener)
 
     async def migrate(self, master: Transducer, device: torch.device | None, dtype: torch.dtype | None
@@ -192,6 +193,16 @@ class Engine:
             landed = Future()
             self._landing.append(landed)
         return pause_ms, streams, max(self._landed_at, paused - rec.geometry.chunk_ms / 1000), landed, release
+
+    def set_stalled(self, on: bool) -> None:
+        """On the event loop: the watchdog found the engine thread stalled (`stalled`), or making
+        steps again; the status and its listeners know (the front ends then answer /livez and
+        /readyz with 503). The engine thread's own snapshots keep the flag."""
+        if on != self._stalled:
+            self._stalled = on
+            self._status = replace(self._status, stalled=on)
+            for listener in self._listeners:
+                listener()
 
     def set_cutting_over(self, on: bool) -> None:
         """A migration's cut-over begins (steps wait) or ends: the status and its listeners know."""

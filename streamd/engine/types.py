@@ -190,6 +190,7 @@ class EngineStatus:
     decoder: str = "eager"  # how the last step decoded: "full_graph", "no_while_loops" or "eager"
     cutting_over: bool = False  # a migration is swapping the model in: steps wait
     eager_reason: str = ""  # why the last step encoded or decoded without CUDA graphs ('' when both used them)
+    stalled: bool = False  # streams wait and the engine thread has made no step for long (`Engine.stalled`)
 
 
 class EngineClient(Protocol):

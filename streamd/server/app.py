@@ -250,20 +250,25 @@ def _on_signals(loop: asyncio.AbstractEventLoop, signals: tuple[int, ...], act: 
 async def _watchdog(notifier: systemd.Notifier, engine: Engine, stall_s: float = STALL_S) -> None:
     """Feed systemd's watchdog (if it has one) while the engine makes progress. An engine thread
     that has launched and landed no step for `stall_s` while streams wait (blocked in a CUDA call,
-    a deadlock) is logged once, with its stack, and the watchdog is no longer fed: systemd then
-    restarts the daemon (`WatchdogSec=`, `Restart=`)."""
+    a deadlock) is logged once, with its stack, the engine's status says so (/livez and /readyz
+    answer 503, new streams are refused: an orchestrator restarts the daemon, a load balancer
+    sends streams elsewhere), and the watchdog is no longer fed: systemd then restarts the daemon
+    (`WatchdogSec=`, `Restart=`). All of it is undone if steps go on."""
     interval = notifier.watchdog_interval
     reported = False
     while True:
         stall = engine.stalled(stall_s)
+        engine.set_stalled(stall is not None)
         if stall is None:
+            if reported:
+                log.warning("engine: steps go on again after a stall")
             reported = False
             if interval is not None:
                 notifier.watchdog()
         elif not reported:
             reported = True
-            log.error("engine stalled%s: %s", "; no longer feeding systemd's watchdog" if interval is not None else "",
-                      stall)
+            log.error("engine stalled (/livez and /readyz answer 503%s): %s",
+                      "; no longer feeding systemd's watchdog" if interval is not None else "", stall)
         await asyncio.sleep(min(interval, STALL_CHECK_S) if interval is not None else STALL_CHECK_S)
 
 

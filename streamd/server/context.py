@@ -54,6 +54,11 @@ class StreamContext:
         return self.engine.status.dtype
 
     @property
+    def stalled(self) -> bool:
+        """The engine thread has made no step for long while streams wait (the engine's status says)."""
+        return self.engine.status.stalled
+
+    @property
     def cutting_over(self) -> bool:
         """A migration is swapping the model in (the engine's status says)."""
         return self.engine.status.cutting_over

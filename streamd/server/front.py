@@ -82,7 +82,9 @@ class Front:
 
     async def _route(self, conn: ServerConnection, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]
-        if path == "/livez":
+        if path == "/livez":  # a stalled engine cannot recover by itself: restart the daemon
+            if self.state.stalled:
+                return response(HTTPStatus.SERVICE_UNAVAILABLE, b"engine stalled\n")
             return response(HTTPStatus.OK, b"ok\n")
         if path == "/readyz":
             return self._readyz()
@@ -108,6 +110,9 @@ class Front:
             # A plain GET: what a handshake with this token and origin would get, nothing opened
             # (the browser page asks this first: browsers do not show why a handshake failed).
             return response(HTTPStatus.UPGRADE_REQUIRED, ACCESS_GRANTED, extra={"Upgrade": "websocket"})
+        if self.state.stalled:
+            self.state.metrics.rejections.labels(reason="stalled").inc()
+            return response(HTTPStatus.SERVICE_UNAVAILABLE, b"engine stalled\n", extra={"Retry-After": "5"})
         if not self.accepting:
             self.state.metrics.rejections.labels(reason="draining").inc()
             return response(HTTPStatus.SERVICE_UNAVAILABLE, b"draining\n", extra={"Retry-After": "5"})
@@ -128,10 +133,11 @@ class Front:
         return self.state.streams() - self.state.reclaimable() >= self.limit
 
     def _readyz(self) -> Response:
-        """200 while new streams are taken; 503 while loading, draining, cutting over or full (a
-        load balancer then sends streams elsewhere). The body says why, with the counts."""
+        """200 while new streams are taken; 503 while loading, draining, stalled, cutting over or
+        full (a load balancer then sends streams elsewhere). The body says why, with the counts."""
         why = ("loading" if not self.ready else "draining" if not self.accepting else
-               "cutting over" if self.state.cutting_over else "full" if self.full else None)
+               "stalled" if self.state.stalled else "cutting over" if self.state.cutting_over else
+               "full" if self.full else None)
         limit, estimate = self.state.admission()
         body = {"ready": why is None, "reason": why, "streams": self.state.streams(), "limit": limit,
                 "capacity_estimate": estimate, "max_streams": self.state.config.server.max_streams,

@@ -27,7 +27,7 @@ from streamd.session.endpoint import EndpointRule
 
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
-REJECTION_REASONS = ("overloaded", "draining", "unauthorized", "origin", "bad_request")
+REJECTION_REASONS = ("overloaded", "draining", "stalled", "unauthorized", "origin", "bad_request")
 MIGRATION_RESULTS = ("ok", "failed")
 ENDPOINT_RULES = ("silence_after_speech", "silence_without_speech", "max_utterance")
 BACKLOG_ACTIONS = ("paced", "closed")

@@ -518,6 +518,7 @@ def test_an_engine_thread_blocked_in_a_step_is_reported_with_its_stack(caplog: p
             await asyncio.sleep(0.8)
             stall = engine.stalled(0.3)
             assert stall is not None and "launch_that_blocks" in stall and "release.wait" in stall
+            assert engine.status.stalled  # the front ends answer /livez and /readyz with 503
             fed_while_stalled = len(fed)
             await asyncio.sleep(0.3)
             assert len(fed) == fed_while_stalled  # no longer fed
@@ -525,6 +526,7 @@ def test_an_engine_thread_blocked_in_a_step_is_reported_with_its_stack(caplog: p
             assert await asyncio.wait_for(session.results.get(), 30) is not None
             await asyncio.sleep(0.3)
             assert engine.stalled(0.3) is None and len(fed) > fed_while_stalled  # fed again
+            assert not engine.status.stalled
             watchdog.cancel()
         finally:
             release.set()

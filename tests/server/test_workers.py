@@ -6,6 +6,7 @@ flags reaching every front end, migrations under way, shutdown, and a front end 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -146,5 +147,47 @@ def test_metrics_and_readyz_through_front_ends_never_fail() -> None:
         texts = [body for path, _, body in seen if path == "/metrics"]
         assert all("streamd_batch_size_count" in t and "did not answer" not in t for t in texts)
         assert spawn_lag < 1.0, f"the event loop was held {spawn_lag:.2f} s while the front ends started"
+
+    asyncio.run(main())
+
+
+def test_a_stalled_engine_fails_livez_and_readyz_in_every_front_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watchdog finds the engine thread stalled (a GPU call that never returns): every front
+    end answers /livez and /readyz with 503 and refuses new streams (an orchestrator restarts the
+    daemon, a load balancer sends streams elsewhere); all back to 200 once steps go on."""
+    from streamd.engine.engine import Engine
+    from streamd.server import app as app_module
+
+    stalled = False
+    real = Engine.stalled
+    monkeypatch.setattr(app_module, "STALL_CHECK_S", 0.05)
+    monkeypatch.setattr(Engine, "stalled", lambda self, limit_s: "simulated: blocked in a CUDA call" if stalled
+                        else real(self, limit_s))
+
+    async def codes(url: str) -> set[tuple[str, int, str]]:
+        """What several requests (so, likely, both front ends) answer on each path."""
+        seen = set()
+        for _ in range(6):
+            for path in ("/livez", "/readyz"):
+                code, body = await fetch(url, path)
+                seen.add((path, code, body if path == "/livez" else json.loads(body)["reason"] or ""))
+        return seen
+
+    async def main() -> None:
+        nonlocal stalled
+        async with running(config(max_streams=8, workers=2)) as (app, url):
+            assert await codes(url) == {("/livez", 200, "ok\n"), ("/readyz", 200, "")}
+            stalled = True
+            await asyncio.sleep(0.5)  # the watchdog looks; the status reaches the front ends
+            assert app.state.engine.status.stalled
+            assert await codes(url) == {("/livez", 503, "engine stalled\n"), ("/readyz", 503, "stalled")}
+            with pytest.raises(websockets.InvalidStatus) as refused:
+                await websockets.connect(url + "/v1/stream")
+            assert refused.value.response.status_code == 503
+            stalled = False
+            await asyncio.sleep(0.5)
+            assert await codes(url) == {("/livez", 200, "ok\n"), ("/readyz", 200, "")}
+            ws = await websockets.connect(url + "/v1/stream")
+            await ws.close()
 
     asyncio.run(main())
