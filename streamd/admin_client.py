@@ -94,6 +94,9 @@ def _summary(command: str, body: dict[str, Any]) -> str:
     line = (f"{body['model']} on {body['device']} {body['dtype']}: {body['streams']}/{body['capacity']} streams "
             f"({admitting}{f'; real-time estimate {estimate}' if estimate is not None else ''}), "
             f"{body.get('chunk_ms')} ms chunks, encoder {body.get('encoder')}, decoder {body['decoder']}")
+    if body.get("stalled"):
+        line += ("\nENGINE STALLED: streams wait and no step was made for a minute (the log says where the "
+                 "engine thread is); /livez and /readyz answer 503: restart the daemon")
     if body.get("handed_off"):
         line += (f"\nhanded off {body['handed_off']} streams: their clients resume them only where another daemon "
                  "answers at the address they use (e.g. behind a load balancer); this one takes none while it drains")

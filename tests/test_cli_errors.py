@@ -95,6 +95,12 @@ def test_status_names_chunk_encoder_and_estimate() -> None:
     assert "admitting 64; real-time estimate 246" in said and "1120 ms chunks" in said and "encoder eager" in said
 
 
+def test_status_says_a_stalled_engine_needs_a_restart() -> None:
+    assert "STALLED" not in _summary("status", STATUS)
+    said = _summary("status", {**STATUS, "stalled": True})
+    assert "ENGINE STALLED" in said and "restart the daemon" in said
+
+
 def test_version_and_a_right_context_the_model_lacks(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as done:
         cli.main(["--version"])

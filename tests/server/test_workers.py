@@ -179,7 +179,7 @@ def test_a_stalled_engine_fails_livez_and_readyz_in_every_front_end(monkeypatch:
             assert await codes(url) == {("/livez", 200, "ok\n"), ("/readyz", 200, "")}
             stalled = True
             await asyncio.sleep(0.5)  # the watchdog looks; the status reaches the front ends
-            assert app.state.engine.status.stalled
+            assert app.state.engine.status.stalled and app.control.status()["stalled"]  # `streamd admin status` says so
             assert await codes(url) == {("/livez", 503, "engine stalled\n"), ("/readyz", 503, "stalled")}
             with pytest.raises(websockets.InvalidStatus) as refused:
                 await websockets.connect(url + "/v1/stream")
