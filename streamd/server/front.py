@@ -82,7 +82,7 @@ class Front:
 
     async def _route(self, conn: ServerConnection, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]
-        if path == "/livez":  # a stalled engine cannot recover by itself: restart the daemon
+        if path == "/livez":  # a stalled engine (a hung GPU call) rarely recovers: have the daemon restarted
             if self.state.stalled:
                 return response(HTTPStatus.SERVICE_UNAVAILABLE, b"engine stalled\n")
             return response(HTTPStatus.OK, b"ok\n")
