@@ -11,7 +11,9 @@ result that covers it), split into the preparation and the seconds after, beside
 seconds before the first move (which begin `--warmup` seconds after every stream runs: the daemon's
 first steps at each new batch size capture its graphs, a start-up backlog that is not the
 migration's); whether the encoder and decoder run from graphs again; and at the end the streams
-dropped (the admin reports so far are written after every move, in case the run is stopped). For
+dropped (the admin reports so far are written after every move, in case the run is stopped). A
+move that gets no answer in `--move-timeout`, or during which the daemon says its engine stalled
+(`/livez` 503, a minute after its last step), ends the moves with a dump of every daemon thread. For
 moves that keep fp32 (e.g. cuda:0 -> cpu -> cuda:0), `--compare` runs the same
 streams through a second daemon that is never moved and reports whether every stream's tokens are
 identical. The daemon admits by `max_streams` (`--admission max_streams`): the benchmark sets the
@@ -37,7 +39,10 @@ import signal
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
+import urllib.error
+import urllib.request
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
 
@@ -191,6 +196,39 @@ def admin(sock: Path, method: str, path: str, body: dict[str, Any] | None = None
     return reply
 
 
+LIVEZ_EVERY_S = 2.0  # how often a move's wait asks the daemon whether its engine stalled
+
+
+def stalled(url: str) -> bool:
+    """Whether the daemon at ws://`url` says its engine stalled (`/livez` 503)."""
+    try:
+        with urllib.request.urlopen(url.replace("ws", "http", 1) + "/livez", timeout=5):
+            return False
+    except urllib.error.HTTPError as e:
+        return e.code == 503
+    except OSError:  # no answer at all: the move's own timeout decides
+        return False
+
+
+def migrate(sock: Path, url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """The admin migrate call; raises AdminError when no answer came in `timeout` seconds or the
+    daemon said meanwhile that its engine stalled (its answer would never come)."""
+    waiter = ThreadPoolExecutor(1)
+    try:
+        reply = waiter.submit(admin, sock, "POST", "/v1/migrate", body, timeout)
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                return reply.result(timeout=LIVEZ_EVERY_S)
+            except FutureTimeout:
+                if stalled(url):
+                    raise AdminError("the daemon says its engine stalled (/livez 503)") from None
+                if time.monotonic() > end:
+                    raise AdminError("timed out") from None
+    finally:
+        waiter.shutdown(wait=False)
+
+
 def run_daemon(args: argparse.Namespace, model: Path, moves: list[str], tag: str, seconds: float,
                stop_early: bool) -> dict[str, Any]:
     """One daemon, `args.streams` streams of `seconds` of audio (ended once the last move is
@@ -229,11 +267,11 @@ def run_daemon(args: argparse.Namespace, model: Path, moves: list[str], tag: str
                 spies.append(load.py_spy(daemon.proc.pid, args.py_spy, Path(args.out).with_suffix(f".{tag}.pyspy-move1.txt")))
             t = time.time()
             try:
-                reply = admin(sock, "POST", "/v1/migrate", {"device": dev, "dtype": dt}, timeout=args.move_timeout)
+                reply = migrate(sock, url, {"device": dev, "dtype": dt}, args.move_timeout)
             except AdminError as e:  # the daemon did not answer: where every thread is, then no more moves
                 dumps.now(f"move {move}: {e}")
                 reports.append({"move": move, "at": t, "until": time.time(), "ok": False,
-                                "error": f"no answer in {args.move_timeout:g} s ({e})",
+                                "error": f"no answer after {time.time() - t:.0f} s ({e})",
                                 **dict.fromkeys(("prepare_ms", "pause_ms", "recapture_ms", "paced_ms", "graphs",
                                                  "serving_gap_ms", "streams_live", "streams_failed", "encoder",
                                                  "decoder")), "eager_reason": ""})

@@ -29,7 +29,8 @@ status=0
 # them; MIGRATION_TESTS=0 skips the migration tests before them; MIGRATION_WORKERS (front ends, 8), MIGRATION_SETTLE_S (10), MIGRATION_TIMEOUT_S (540 a run: at 3000 streams a move prepares 40-100 s, its captures paced; a level of four moves fills a call),
 # MIGRATION_PY_SPY (seconds of py-spy samples before the first move and from it on; 0, off),
 # MIGRATION_DUMP_S (seconds between py-spy dumps of every daemon thread from the first move on, and one
-# when a move gets no answer in MIGRATION_MOVE_TIMEOUT_S, default 300; default 20; 0, off),
+# when a move gets no answer in MIGRATION_MOVE_TIMEOUT_S, default 300, or the daemon's /livez says its engine
+# stalled (a minute after its last step), which ends the moves; default 20; 0, off),
 # MIGRATION_THREAD_CPU (`serve --thread-cpu`: a CPU for the engine thread alone, the clients off it; unset, none).
 migration() {
   python3 -c "import sys; sys.path.insert(0, 'scripts'); from bench_migration import make_model; make_model('/tmp/fcl.pt', 1024)" || return 1

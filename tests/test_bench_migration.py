@@ -1,0 +1,81 @@
+"""`scripts/bench_migration.py`'s wait for a move: it ends as soon as the daemon says its engine
+stalled (`/livez` 503), not at `--move-timeout` (a hung move held a device call for five minutes)."""
+from __future__ import annotations
+
+import http.server
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "scripts"))
+import bench_migration  # noqa: E402
+from streamd.admin_client import AdminError  # noqa: E402
+
+
+@contextmanager
+def livez(code: int) -> Iterator[str]:
+    """A server whose /livez answers `code`; yields its ws:// URL."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(code)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"ws://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_stalled_is_what_livez_says() -> None:
+    with livez(503) as url:
+        assert bench_migration.stalled(url)
+    with livez(200) as url:
+        assert not bench_migration.stalled(url)
+    assert not bench_migration.stalled(f"ws://127.0.0.1:{free_port()}")  # no answer: the timeout decides
+
+
+def test_a_move_wait_ends_when_the_engine_stalls(monkeypatch: pytest.MonkeyPatch) -> None:
+    release = threading.Event()
+
+    def hangs(*args: Any) -> dict[str, Any]:
+        release.wait(30)
+        return {"ok": True}
+
+    monkeypatch.setattr(bench_migration, "admin", hangs)
+    monkeypatch.setattr(bench_migration, "LIVEZ_EVERY_S", 0.05)
+    try:
+        with livez(503) as url:
+            t = time.monotonic()
+            with pytest.raises(AdminError, match="engine stalled"):
+                bench_migration.migrate(Path("unused.sock"), url, {}, timeout=30)
+            assert time.monotonic() - t < 5
+        with livez(200) as url:
+            t = time.monotonic()
+            with pytest.raises(AdminError, match="timed out"):
+                bench_migration.migrate(Path("unused.sock"), url, {}, timeout=0.3)
+            assert time.monotonic() - t < 5
+            monkeypatch.setattr(bench_migration, "admin", lambda *args: {"ok": True, "migration": {}})
+            assert bench_migration.migrate(Path("unused.sock"), url, {}, timeout=5) == {"ok": True, "migration": {}}
+    finally:
+        release.set()
