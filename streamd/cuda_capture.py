@@ -36,7 +36,11 @@ engine thread's graphs all run on its serving stream, one after another. A migra
 captures each move's graphs on a stream other than the one the serving graphs came from
 (`capturing_on`): its warm-ups, self-checks and captures run beside the engine's replays of the
 last move's graphs. When both used one stream, a 1500-stream daemon on an H100 hung in its second
-move, the engine's step and the preparation's self-check never finishing.
+move, the engine's step and the preparation's self-check never finishing. Destroying a graph
+(`CUDAGraph.reset`) also frees the workspaces of its capture stream (torch 2.11), while other live
+graphs captured there may still use them: the graphs of one placement (a move's, and those the
+engine thread captures after it) are captured on streams no other placement's graphs use, and
+are released together when the next move's target serves.
 """
 from __future__ import annotations
 
@@ -136,16 +140,21 @@ def capture_stream(device: torch.device) -> Any:
     return private_stream(device, capture_purpose())
 
 
+def capture_on(purpose: str) -> None:
+    """From now on the calling thread's captures use its private stream for `purpose`, and so a
+    cuBLAS workspace of their own (see the module docstring)."""
+    _LOCAL.capture_purpose = purpose
+
+
 @contextmanager
 def capturing_on(purpose: str) -> Iterator[None]:
-    """The calling thread's captures in the block use its private stream for `purpose`, and so
-    a cuBLAS workspace of their own (see the module docstring)."""
+    """`capture_on(purpose)` for the block only."""
     before = capture_purpose()
-    _LOCAL.capture_purpose = purpose
+    capture_on(purpose)
     try:
         yield
     finally:
-        _LOCAL.capture_purpose = before
+        capture_on(before)
 
 
 @contextmanager

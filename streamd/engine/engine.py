@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from streamd import cuda_capture
 from streamd.engine.cpus import ThreadCpu
 from streamd.engine.inbox import (HELD, Audio, Call, Close, Command, End, Inbox, IoSource, Open, Outlet, Send,
                                   Stop, StreamCommand, Unwatch, Watch)
@@ -184,6 +185,9 @@ class Engine:
         future of the next landing (None: no stream waits for a step), and the source's `release`."""
         paused = time.perf_counter()
         pause_ms, streams, release = cut_over(rec, target, staged, steps)
+        # The target's graphs that this thread captures later (sizes not prepared) share no capture
+        # stream with the source's, which `release` destroys (`streamd.cuda_capture`).
+        cuda_capture.capture_on(f"{cuda_capture.CAPTURE}-{rec.prepared_on}")
         if self._cpu is not None:
             self._cpu.place(target.device.type)
         if steps.deferred:  # the first steps capture graphs: they need the source's memory

@@ -11,7 +11,9 @@
    instead of capturing them while every stream waits (capturing every size the warm-up made took 10-50 s a move at thousands of
    streams on an H200). The captures are spaced out (`Pacer`): serving catches up between them.
    They run on one of two capture streams, not the one the serving graphs were captured on
-   (`CAPTURE_STREAMS`): a graph's GEMMs keep using the cuBLAS workspace of its capture stream.
+   (`CAPTURE_STREAMS`): a graph's GEMMs keep using the cuBLAS workspace of its capture stream,
+   and destroying a graph frees its stream's workspaces. After the cut-over the engine thread
+   captures the sizes not prepared on a stream of the move's own (`Engine.cut_over`).
    Every CUDA call of this preparation that could break a capture on the engine thread (a
    synchronize, `empty_cache`, a capture) holds `cuda_capture.DEVICE_LOCK`, as the engine
    thread's captures do, and its work is queued on a stream of its own, never the legacy

@@ -179,7 +179,9 @@ def test_a_failed_cut_over_keeps_the_sources_graphs(monkeypatch: pytest.MonkeyPa
 
 def test_each_move_captures_on_another_stream_than_the_serving_graphs_came_from(monkeypatch: pytest.MonkeyPatch) -> None:
     """A graph's GEMMs use the cuBLAS workspace of the stream it was captured on: a move's
-    preparation, which runs beside the serving graphs, must not capture on theirs."""
+    preparation, which runs beside the serving graphs, must not capture on theirs; and the graphs
+    the engine thread captures after a move must not share a stream with the source's (their
+    release frees that stream's workspaces)."""
     master = random_model(seed=2, att_context_sizes=CONTEXT)
     made = Made()
     purposes: list[str] = []
@@ -202,9 +204,15 @@ def test_each_move_captures_on_another_stream_than_the_serving_graphs_came_from(
             assert report.ok == ok and purposes and len(set(purposes)) == 1, (report, purposes)
             return purposes[0]
 
+        def lazy() -> Any:  # where the engine thread captures the sizes not prepared
+            return engine.call(lambda r: cuda_capture.capture_purpose())
+
         try:
+            assert await lazy() == cuda_capture.CAPTURE
             assert rec.prepared_on == "" and await move(torch.bfloat16) == "migration-a"
+            assert await lazy() == "capture-migration-a"
             assert rec.prepared_on == "migration-a" and await move(torch.float32) == "migration-b"
+            assert await lazy() == "capture-migration-b"
 
             def fails(*args: Any) -> Any:
                 raise migration.MigrationFailed("simulated: the cut-over failed")
@@ -213,6 +221,7 @@ def test_each_move_captures_on_another_stream_than_the_serving_graphs_came_from(
                 m.setattr(Engine, "cut_over", fails)
                 assert await move(torch.bfloat16, ok=False) == "migration-a"
             assert rec.prepared_on == "migration-b"  # the graphs serving now: the next move avoids them
+            assert await lazy() == "capture-migration-b"
             assert await move(torch.bfloat16) == "migration-a" and rec.prepared_on == "migration-a"
             assert cuda_capture.capture_purpose() == cuda_capture.CAPTURE  # only inside the preparation
         finally:
