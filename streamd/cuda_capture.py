@@ -37,8 +37,8 @@ captures each move's graphs on a stream other than the one the serving graphs ca
 (`capturing_on`): its warm-ups, self-checks and captures run beside the engine's replays of the
 last move's graphs. When both used one stream, a 1500-stream daemon on an H100 hung in its second
 move, the engine's step and the preparation's self-check never finishing. Destroying a graph
-(`CUDAGraph.reset`) also frees the workspaces of its capture stream (torch 2.11), while other live
-graphs captured there may still use them: the graphs of one placement (a move's, and those the
+(`CUDAGraph.reset`) also frees the workspaces of its capture stream (torch since pytorch#175276,
+reported as pytorch#193402), while other live graphs captured there may still use them: the graphs of one placement (a move's, and those the
 engine thread captures after it) are captured on streams no other placement's graphs use, and
 are released together when the next move's target serves.
 """
