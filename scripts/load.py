@@ -266,12 +266,16 @@ def scrape(url: str) -> dict[str, float]:
     return out
 
 
+def py_spy_exe() -> str:
+    """py-spy's path: on PATH, or on the GPU machine in /tmp/site/bin, from the carried wheels."""
+    return shutil.which("py-spy") or "/tmp/site/bin/py-spy"
+
+
 def py_spy(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes] | None:
     """Sample daemon process `pid` and its children (engine and front ends, every thread) for
     `seconds` with py-spy, as raw collapsed stacks in `out` (its errors beside it, `.err`); None
-    when `seconds` is 0 or py-spy is not installed (on the GPU machine: /tmp/site/bin, from
-    the carried wheels)."""
-    exe = shutil.which("py-spy") or "/tmp/site/bin/py-spy"
+    when `seconds` is 0 or py-spy is not installed (`py_spy_exe`)."""
+    exe = py_spy_exe()
     if seconds <= 0 or not Path(exe).exists():
         return None
     with open(out.with_suffix(".err"), "w") as err:  # the child keeps its own copy
@@ -287,7 +291,7 @@ class StackDumps:
 
     def __init__(self, pid: int, every_s: float, out: Path) -> None:
         self.pid, self.every_s, self.out = pid, every_s, out
-        self.exe = shutil.which("py-spy") or "/tmp/site/bin/py-spy"
+        self.exe = py_spy_exe()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if every_s > 0 and Path(self.exe).exists():
