@@ -16,7 +16,7 @@ move that gets no answer in `--move-timeout`, or during which the daemon says it
 (`/livez` 503, a minute after its last step), ends the moves with a dump of every daemon thread. For
 moves that keep fp32 (e.g. cuda:0 -> cpu -> cuda:0), `--compare` runs the same
 streams through a second daemon that is never moved and reports whether every stream's tokens are
-identical. The daemon admits by `max_streams` (`--admission max_streams`): the benchmark sets the
+identical, and for a stream whose are not, where they first differ and on which placement. The daemon admits by `max_streams` (`--admission max_streams`): the benchmark sets the
 load itself, and admission by the capacity estimate would refuse streams beyond what the start
 placement measured at warm-up (on a CPU start, all of them). Prints a table, writes JSON.
 
@@ -131,7 +131,8 @@ async def client(url: str, index: int, seconds: float, start_at: float, stop: as
     when the audio it covers had been sent) and the final tokens."""
     audio, pcm = stream_audio(index % 16, seconds)
     step = int(audio.rate * SEND_S) * 2
-    log: dict[str, Any] = {"index": index, "results": [], "tokens": [], "closed": None, "error": None}
+    log: dict[str, Any] = {"index": index, "results": [], "tokens": [], "finals": [], "t0": None,
+                           "closed": None, "error": None}
     sent_at: list[float] = []
     await asyncio.sleep(max(0.0, start_at - time.time()))
     try:
@@ -148,6 +149,7 @@ async def client(url: str, index: int, seconds: float, start_at: float, stop: as
                             log["results"].append((time.time(), time.time() - sent_at[k]))
                         if d["type"] == "final":
                             log["tokens"].extend(d.get("tokens", []))
+                            log["finals"].append((d["audio_processed"], len(log["tokens"])))
                     elif d["type"] == "summary":
                         log["summary"] = True
                     elif d["type"] == "error":
@@ -159,6 +161,7 @@ async def client(url: str, index: int, seconds: float, start_at: float, stop: as
                 await asyncio.sleep(max(0.0, t0 + k * SEND_S - time.time()))
                 await ws.send(pcm[k * step: (k + 1) * step])
                 sent_at.append(time.time())
+                log["t0"] = log["t0"] or sent_at[0]
                 if reader.done() or stop.is_set():
                     break
             await ws.send(json.dumps({"type": "stop"}))
@@ -320,7 +323,8 @@ def run_daemon(args: argparse.Namespace, model: Path, moves: list[str], tag: str
     return {"moves": reports, "latency_before_moves": latency(*baseline),
             "streams_dropped": len(dropped), "dropped": dropped[:20],
             "errors": sorted({log["error"] for log in logs if log["error"]})[:5],
-            "tokens": {log["index"]: log["tokens"] for log in logs}}
+            "tokens": {log["index"]: log["tokens"] for log in logs},
+            "timeline": {log["index"]: (log["t0"], log["finals"]) for log in logs}}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -342,8 +346,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         still = run_daemon(args, model, [], "unmoved", seconds, stop_early=False)
         same = [i for i, toks in moved["tokens"].items() if still["tokens"].get(i) == toks]
         out["tokens_identical_to_unmoved"] = f"{len(same)} of {len(moved['tokens'])}"
+        cuts = [(r["until"] - args.settle, r["move"]) for r in moved["moves"] if r["ok"]]
+        out["tokens_differ"] = [first_difference(i, toks, still["tokens"].get(i, []), *moved["timeline"][i],
+                                                 args.start, cuts)
+                                for i, toks in moved["tokens"].items() if i not in same]
         out["tokens_total"] = sum(len(t) for t in moved["tokens"].values())
     return out
+
+
+def first_difference(stream: int, moved: list[int], unmoved: list[int], t0: float | None,
+                     finals: list[tuple[float, int]], start: str, cuts: list[tuple[float, str]]) -> dict[str, Any]:
+    """Where a moved stream's tokens first leave the unmoved run's: the token's index, the audio
+    second of the final that carried it, and the placement that served that audio (from when the
+    stream sent it, `t0` + audio second, against the moves' cut-overs `cuts`: wall time, placement).
+    A difference before the first cut-over is not the move's (e.g. batches of other shapes)."""
+    k = next((i for i, (a, b) in enumerate(zip(moved, unmoved)) if a != b), min(len(moved), len(unmoved)))
+    audio_s = next((a for a, n in finals if n > k), finals[-1][0] if finals else 0.0)
+    wall = (t0 or 0.0) + audio_s
+    served_on = start
+    for at, placement in cuts:
+        if wall >= at:
+            served_on = placement
+    return {"stream": stream, "token": k, "tokens": [len(moved), len(unmoved)], "audio_s": round(audio_s, 2),
+            "served_on": served_on if cuts and wall >= cuts[0][0] else f"{start} (before the first move)"}
 
 
 def machine() -> dict[str, Any]:
@@ -403,6 +428,9 @@ def main() -> None:
           f"{result['streams_dropped']}{' ' + str(result['errors']) if result['errors'] else ''}"
           + (f"; tokens identical to the unmoved run: {result['tokens_identical_to_unmoved']}"
              if "tokens_identical_to_unmoved" in result else ""))
+    for d in result.get("tokens_differ", []):
+        print(f"  stream {d['stream']}: first different token #{d['token']} (of {d['tokens'][0]} moved, "
+              f"{d['tokens'][1]} unmoved), in the final at {d['audio_s']} s of its audio, served on {d['served_on']}")
     Path(args.out).write_text(json.dumps(result, indent=2))
 
 

@@ -79,3 +79,16 @@ def test_a_move_wait_ends_when_the_engine_stalls(monkeypatch: pytest.MonkeyPatch
             assert bench_migration.migrate(Path("unused.sock"), url, {}, timeout=5) == {"ok": True, "migration": {}}
     finally:
         release.set()
+
+
+def test_a_token_difference_is_placed_on_the_placement_that_served_it() -> None:
+    """A stream that started at wall time 100; moves cut over at 110 (to the CPU) and 120 (back)."""
+    cuts = [(110.0, "cpu/fp32"), (120.0, "cuda:0/fp32")]
+    finals = [(4.0, 3), (12.0, 6), (25.0, 9)]  # audio second of each final, tokens so far
+    first = bench_migration.first_difference
+    on_cpu = first(7, [1, 2, 3, 4, 5, 9, 7], [1, 2, 3, 4, 5, 6, 7], 100.0, finals, "cuda:0/fp32", cuts)
+    assert on_cpu == {"stream": 7, "token": 5, "tokens": [7, 7], "audio_s": 12.0, "served_on": "cpu/fp32"}
+    before = first(1, [0, 2], [1, 2], 100.0, finals, "cuda:0/fp32", cuts)
+    assert before["token"] == 0 and before["served_on"] == "cuda:0/fp32 (before the first move)"
+    longer = first(2, list(range(9)), list(range(7)), 100.0, finals, "cuda:0/fp32", cuts)
+    assert longer["token"] == 7 and longer["audio_s"] == 25.0 and longer["served_on"] == "cuda:0/fp32"

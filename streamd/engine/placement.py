@@ -37,10 +37,23 @@ def parse_device(name: str) -> torch.device:
     return torch.device("cuda", index)
 
 
+def exact_fp32() -> None:
+    """Make fp32 mean fp32 on a GPU too, process-wide: torch lets cuDNN convolutions (the
+    subsampling and the conformer's convolution modules) compute in TF32, 10 bits of mantissa, by
+    default. With it an fp32 model's tokens differ between a GPU and the CPU (a live move between
+    them changes a stream's words) and from NeMo's reference run with TF32 off. bf16 and fp16
+    are the fast placements; fp32 is the exact one. Matmuls already default to full fp32."""
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+
+
 def move_model(model: Transducer, device: torch.device, dtype: torch.dtype) -> None:
     """Move and cast the model in place. The features' window and filterbank stay fp32 (the
     front end always computes in fp32, on the CPU for live streams). On the CPU the subsampling
-    convolutions keep their weights channels-last, which halves their time there (oneDNN)."""
+    convolutions keep their weights channels-last, which halves their time there (oneDNN). A
+    model placed on a GPU turns TF32 off for the process (`exact_fp32`)."""
+    if device.type == "cuda":
+        exact_fp32()
     model.to(device=device, dtype=dtype)
     model.preprocessor.float()
     conv_format = torch.channels_last if device.type == "cpu" else torch.contiguous_format

@@ -2,7 +2,8 @@
 graph after graph; a migration prepared while the engine thread captures graphs succeeds and breaks
 no capture; a capture that fails (a synchronize inside it:
 CUDA invalidates the capture) does not poison the next capture into the same memory pool; the
-target's graphs are captured before the cut-over, so the steps after it capture nothing."""
+target's graphs are captured before the cut-over, so the steps after it capture nothing; fp32 on
+the GPU computes what the CPU does (no TF32), so a move between them changes no token."""
 from __future__ import annotations
 
 import asyncio
@@ -14,11 +15,14 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import random_model
+from helpers import random_model, synthetic_audio
+from streamd.decode import transcribe_offline
 from streamd.decoding.graphs import EAGER as DEC_EAGER, GraphGreedyLabelLooping, SharedPoolBackend, make_decoder
 from streamd.engine.encoder_step import GRAPHS, EncoderGraphBackend, EncoderStep, make_encoder_step
 from streamd.engine.engine import Engine
+from streamd.engine.placement import move_model
 from streamd.engine.recognizer import Recognizer
+from streamd.model.transducer import Transducer
 from test_encoder_step import CONTEXT, inputs
 
 pytestmark = pytest.mark.cuda
@@ -283,3 +287,31 @@ def test_moves_while_streams_step_all_along_with_graphs() -> None:
             await engine.stop()
 
     asyncio.run(main())
+
+
+def test_fp32_on_a_gpu_is_the_cpus_fp32() -> None:
+    """The H100 run of 2026-12-05 (benchmarks/h100-2026-12-05c-migration): a cuda:0 -> cpu ->
+    cuda:0 move in fp32 changed the tokens of 1 stream in 16 against an unmoved run, while torch let
+    cuDNN's convolutions compute in TF32 (its default). Placed on the GPU, an fp32 model computes in
+    fp32: its encoder outputs are the CPU's within 1e-4 and its tokens are the CPU's, with torch's
+    default flags on entry."""
+    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = True  # torch's default
+    try:
+        cpu = random_model(5, att_context_sizes=CONTEXT)
+        gpu = copy.deepcopy(cpu)
+        move_model(gpu, torch.device("cuda", 0), torch.float32)
+        assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+        audio = torch.from_numpy(synthetic_audio(8.0, 5))
+
+        def encode(m: Transducer) -> torch.Tensor:
+            with torch.no_grad():
+                a = audio.to(m.device)[None]
+                mel, mel_len = m.preprocessor(a, torch.tensor([a.shape[1]], device=m.device))
+                return m.encoder(mel, mel_len, m.dims.att_context(None))[0].cpu()
+
+        torch.testing.assert_close(encode(gpu), encode(cpu), rtol=1e-4, atol=1e-4)
+        tokens, _ = transcribe_offline(cpu, audio)
+        assert tokens and transcribe_offline(gpu, audio)[0] == tokens
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
