@@ -182,7 +182,9 @@ class Engine:
                  ) -> tuple[float, int, float, Future[float] | None, Callable[[], None]]:
         """`migration.cut_over` on the engine thread (in a `Call`); also when the serving gap began
         (the last landing, at most one chunk before the pause), if streams have a chunk waiting a
-        future of the next landing (None: no stream waits for a step), and the source's `release`."""
+        future of the next landing (None: no stream is open), and the source's `release`. The
+        streams ready at this moment may be none while thousands are open (their audio still in
+        the inbox): the next landing is awaited whenever a stream is open."""
         paused = time.perf_counter()
         pause_ms, streams, release = cut_over(rec, target, staged, steps)
         # The target's graphs that this thread captures later (sizes not prepared) share no capture
@@ -193,7 +195,7 @@ class Engine:
         if steps.deferred:  # the first steps capture graphs: they need the source's memory
             release()
         landed: Future[float] | None = None
-        if self._count_ready():
+        if self._count_ready() or rec.active:
             landed = Future()
             self._landing.append(landed)
         return pause_ms, streams, max(self._landed_at, paused - rec.geometry.chunk_ms / 1000), landed, release

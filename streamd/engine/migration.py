@@ -83,7 +83,8 @@ class MigrationReport:
     graphs: str = ""  # the batch sizes captured for the target ("encoder 12, decoder 9"), '' on a CPU
     graphs_deferred: int = 0  # batch sizes left to capture on their first step after the move (GPU memory)
     # last results delivered before the pause -> first after it (at most one chunk counted
-    # before the pause); None: no stream had a chunk waiting at the cut-over, or no step came
+    # before the pause; an open stream's next chunk may still be on its way, which counts); None:
+    # no stream was open at the cut-over, or no step landed in `GAP_WAIT_S`
     serving_gap_ms: float | None = None
     # streams a failed engine step ended while the move was prepared and cut over (0 when all
     # went well; the H200 runs of 2026-12-05 had thousands behind moves that reported ok)
@@ -356,8 +357,8 @@ async def migrate(engine: Host, master: Transducer, device: torch.device | None,
     (None: as now) while streams go on: the copy is made and probed, and its CUDA graphs
     captured, off the engine thread, then swapped in between two steps with every live stream's
     state. On failure the engine keeps serving where it was; the report says why. When streams
-    had a chunk waiting at the cut-over, returns once the first step after it has delivered its
-    results (at most `GAP_WAIT_S` later): the report has the serving gap."""
+    are open at the cut-over, returns once the first step after it has delivered its results (at
+    most `GAP_WAIT_S` later): the report has the serving gap."""
     rec = engine.recognizer
     source = placement(rec.model)
     report = MigrationReport(False, source, source, 0.0, 0.0, rec.active, at=time.time())

@@ -448,3 +448,33 @@ def test_a_migration_paces_every_capture(monkeypatch: pytest.MonkeyPatch) -> Non
             await engine.stop()
 
     asyncio.run(main())
+
+
+def test_the_serving_gap_is_measured_when_no_chunk_waits_at_the_cut_over() -> None:
+    """The H100 run of 2026-12-05 (4500 streams at 1120 ms) reported no gap for a move: at the
+    cut-over no stream was known to have a chunk ready (their audio was still in the inbox). An
+    open stream's next step is awaited all the same."""
+    master = random_model(seed=2, att_context_sizes=CONTEXT)
+    rng = np.random.default_rng(5)
+
+    async def main() -> None:
+        rec = Recognizer(copy.deepcopy(master), 2, CONTEXT[0])
+        engine = Engine(rec, max_batch=2, batch_wait_s=0.0)
+        engine.start()
+        try:
+            session = await engine.open()
+            chunk = rec.geometry.samples_for(rec.geometry.frames_after(1))
+            engine.push(session, rng.standard_normal(chunk).astype(np.float32) * 0.1)
+            assert await session.results.get() is not None  # nothing waits now
+            moving = asyncio.ensure_future(engine.migrate(master, None, torch.bfloat16))
+            while not engine.status.dtype == "bf16":
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.05)
+            engine.push(session, rng.standard_normal(rec.geometry.chunk_ms * 16).astype(np.float32) * 0.1)
+            report = await asyncio.wait_for(moving, 30)
+            assert report.ok and report.serving_gap_ms is not None and 50 <= report.serving_gap_ms < 3000, report
+            assert await session.results.get() is not None
+        finally:
+            await engine.stop()
+
+    asyncio.run(main())
