@@ -62,7 +62,6 @@ from streamd.model.tokenizer import Tokenizer  # noqa: E402
 from streamd.model.transducer import Transducer  # noqa: E402
 
 CHUNK_RC = {80: 0, 160: 1, 560: 6, 1120: 13}  # chunk ms -> right context
-SEND_S = 0.1  # clients send 100 ms of audio per message
 # Audio per stream added per move on a GPU, where the target's graphs are captured first (paced: up
 # to ~100 s a move at 3000 streams). Streams stop when the last move is measured, except in a
 # compared run (fp32 moves of a few streams), which is played to its end twice.
@@ -125,12 +124,13 @@ def stream_audio(seed: int, seconds: float) -> tuple[load.Audio, bytes]:
     return audio, load.looped(audio, seconds)
 
 
-async def client(url: str, index: int, seconds: float, start_at: float, stop: asyncio.Event) -> dict[str, Any]:
+async def client(url: str, index: int, seconds: float, start_at: float, stop: asyncio.Event,
+                 send_s: float) -> dict[str, Any]:
     """One real-time stream of `load.tone_bursts` (seeded by its index, so that two runs send the
-    same audio) for `seconds` or until `stop` is set: every result's latency (wall time received -
+    same audio) for `seconds` or until `stop` is set, `send_s` of audio a message: every result's latency (wall time received -
     when the audio it covers had been sent) and the final tokens."""
     audio, pcm = stream_audio(index % 16, seconds)
-    step = int(audio.rate * SEND_S) * 2
+    step = int(audio.rate * send_s) * 2
     log: dict[str, Any] = {"index": index, "results": [], "tokens": [], "finals": [], "t0": None,
                            "closed": None, "error": None}
     sent_at: list[float] = []
@@ -144,7 +144,7 @@ async def client(url: str, index: int, seconds: float, start_at: float, stop: as
                 async for m in ws:
                     d = json.loads(m)
                     if d["type"] in ("partial", "final"):
-                        k = min(max(0, math.ceil(d["audio_processed"] / SEND_S - 1e-6) - 1), len(sent_at) - 1)
+                        k = min(max(0, math.ceil(d["audio_processed"] / send_s - 1e-6) - 1), len(sent_at) - 1)
                         if k >= 0:
                             log["results"].append((time.time(), time.time() - sent_at[k]))
                         if d["type"] == "final":
@@ -157,8 +157,8 @@ async def client(url: str, index: int, seconds: float, start_at: float, stop: as
 
             reader = asyncio.create_task(read())
             t0 = time.time()
-            for k in range(round(seconds / SEND_S)):
-                await asyncio.sleep(max(0.0, t0 + k * SEND_S - time.time()))
+            for k in range(round(seconds / send_s)):
+                await asyncio.sleep(max(0.0, t0 + k * send_s - time.time()))
                 await ws.send(pcm[k * step: (k + 1) * step])
                 sent_at.append(time.time())
                 log["t0"] = log["t0"] or sent_at[0]
@@ -173,7 +173,7 @@ async def client(url: str, index: int, seconds: float, start_at: float, stop: as
 
 
 def client_process(url: str, indices: list[int], seconds: float, start_at: float, ramp_s: float,
-                   stop_file: str | None) -> list[dict[str, Any]]:
+                   stop_file: str | None, send_s: float) -> list[dict[str, Any]]:
     """Several streams in one process of their own (clients are elsewhere in production), started
     evenly over `ramp_s` (staggered phases, as real clients are); they stop early once `stop_file`
     exists."""
@@ -187,7 +187,7 @@ def client_process(url: str, indices: list[int], seconds: float, start_at: float
             stop.set()
 
         watcher = asyncio.create_task(watch()) if stop_file is not None else None
-        logs = await asyncio.gather(*(client(url, i, seconds, start_at + ramp_s * i / n, stop) for i in indices))
+        logs = await asyncio.gather(*(client(url, i, seconds, start_at + ramp_s * i / n, stop, send_s) for i in indices))
         if watcher is not None:
             watcher.cancel()
         return list(logs)
@@ -254,7 +254,7 @@ def run_daemon(args: argparse.Namespace, model: Path, moves: list[str], tag: str
         start_at = time.time() + 3.0  # the client processes start (and import) first
         stop_file = str(sock.with_name("stop")) if stop_early else None
         jobs = [pool.submit(client_process, url, list(range(p, args.streams, procs)), seconds, start_at, ramp_s,
-                            stop_file) for p in range(procs)]
+                            stop_file, args.send_ms / 1000) for p in range(procs)]
         time.sleep(max(0.0, start_at + ramp_s - time.time()))
         deadline = time.time() + 120  # the client processes may start late (they import torch)
         while admin(sock, "GET", "/v1/status").get("streams", 0) < args.streams and time.time() < deadline:
@@ -395,6 +395,9 @@ def main() -> None:
     ap.add_argument("--compare", action=argparse.BooleanOptionalAction, default=True,
                     help="when every placement is fp32: also run an unmoved daemon and compare tokens")
     ap.add_argument("--batch-wait-ms", type=int, default=2)
+    ap.add_argument("--send-ms", type=int, default=100,
+                    help="audio per client message (default: 100); a result's latency counts from the send of the "
+                         "message that held its last audio, so larger messages add to it")
     ap.add_argument("--model", default="", help="a streamd checkpoint (default: a random FastConformer-L)")
     ap.add_argument("--vocab", type=int, default=1024)
     ap.add_argument("--client-procs", type=int, default=8, help="processes the client streams run in")
