@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Live-migration benchmark of the production layout: a real `streamd serve --workers N` (its own
 process, front ends included) serving real-time streams of a FastConformer-L sized model (random
-weights), moved by the admin API every `--settle` seconds, e.g. bf16 -> fp16 -> bf16.
+weights; or `--model`), moved by the admin API every `--settle` seconds, e.g. bf16 -> fp16 ->
+bf16. Streams send tone bursts, or loop `--audio` files (speech, for a trained model).
 
 Reports per move: the engine pause, the re-capture of the target's CUDA graphs (before the pause,
 while serving goes on) and the serving gap (last results before the pause -> first after it), all
@@ -24,6 +25,8 @@ placement measured at warm-up (on a CPU start, all of them). Prints a table, wri
         --moves cpu/bf16,cpu/fp32 --settle 6
     python scripts/bench_migration.py --streams 1500 --chunk-ms 160 --workers 8 --start cuda:0/bf16 \
         --moves cuda:0/fp32,cuda:0/bf16,cuda:0/fp32,cuda:0/bf16
+    python scripts/bench_migration.py --model streamd/assets/default-model.pt --streams 32 --start cuda:0/fp32 \
+        --moves cpu/fp32,cuda:0/fp32 --audio tests/fixtures/real-speech/*.ogg
 """
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -116,20 +120,43 @@ def calibrate(m: Transducer) -> None:
     m.joint.joint_net[-1].bias[blank] += torch.quantile(margin, 0.95)
 
 
+@dataclass(frozen=True)
+class Feed:
+    """What every client stream sends: `seconds` of audio, `send_s` of it a message; stream i
+    loops `files[i % len(files)]` (audio files), or without files the tone bursts of seed i % 16
+    (`load.tone_bursts`)."""
+
+    seconds: float
+    send_s: float
+    files: tuple[str, ...] = ()
+
+    def audio(self, index: int) -> tuple[load.Audio, bytes]:
+        """Stream `index`'s audio and its PCM looped to `seconds`."""
+        if self.files:
+            return _looped_file(self.files[index % len(self.files)], self.seconds)
+        return _looped_bursts(index % 16, self.seconds)
+
+
 @functools.lru_cache(maxsize=None)
-def stream_audio(seed: int, seconds: float) -> tuple[load.Audio, bytes]:
-    """The tone bursts of `seed` and `seconds` of them looped: made once a client process and
-    shared by its streams of that seed (a copy a stream took 10-20 MB each, tens of GB at 3000)."""
+def _looped_bursts(seed: int, seconds: float) -> tuple[load.Audio, bytes]:
+    """Made once a client process and shared by its streams of that seed (a copy a stream took
+    10-20 MB each, tens of GB at 3000)."""
     audio = load.tone_bursts(seed=seed)
     return audio, load.looped(audio, seconds)
 
 
-async def client(url: str, index: int, seconds: float, start_at: float, stop: asyncio.Event,
-                 send_s: float) -> dict[str, Any]:
-    """One real-time stream of `load.tone_bursts` (seeded by its index, so that two runs send the
-    same audio) for `seconds` or until `stop` is set, `send_s` of audio a message: every result's latency (wall time received -
-    when the audio it covers had been sent) and the final tokens."""
-    audio, pcm = stream_audio(index % 16, seconds)
+@functools.lru_cache(maxsize=None)
+def _looped_file(path: str, seconds: float) -> tuple[load.Audio, bytes]:
+    audio = load.load_wav(Path(path))
+    return audio, load.looped(audio, seconds)
+
+
+async def client(url: str, index: int, feed: Feed, start_at: float, stop: asyncio.Event) -> dict[str, Any]:
+    """One real-time stream of `feed`'s audio for stream `index` (two runs send the same audio)
+    until it ends or `stop` is set: every result's latency (wall time received - when the message
+    holding the audio it covers was sent) and the final tokens."""
+    audio, pcm = feed.audio(index)
+    send_s, seconds = feed.send_s, feed.seconds
     step = int(audio.rate * send_s) * 2
     log: dict[str, Any] = {"index": index, "results": [], "tokens": [], "finals": [], "t0": None,
                            "closed": None, "error": None}
@@ -172,8 +199,8 @@ async def client(url: str, index: int, seconds: float, start_at: float, stop: as
     return log
 
 
-def client_process(url: str, indices: list[int], seconds: float, start_at: float, ramp_s: float,
-                   stop_file: str | None, send_s: float) -> list[dict[str, Any]]:
+def client_process(url: str, indices: list[int], feed: Feed, start_at: float, ramp_s: float,
+                   stop_file: str | None) -> list[dict[str, Any]]:
     """Several streams in one process of their own (clients are elsewhere in production), started
     evenly over `ramp_s` (staggered phases, as real clients are); they stop early once `stop_file`
     exists."""
@@ -187,7 +214,7 @@ def client_process(url: str, indices: list[int], seconds: float, start_at: float
             stop.set()
 
         watcher = asyncio.create_task(watch()) if stop_file is not None else None
-        logs = await asyncio.gather(*(client(url, i, seconds, start_at + ramp_s * i / n, stop, send_s) for i in indices))
+        logs = await asyncio.gather(*(client(url, i, feed, start_at + ramp_s * i / n, stop) for i in indices))
         if watcher is not None:
             watcher.cancel()
         return list(logs)
@@ -253,8 +280,9 @@ def run_daemon(args: argparse.Namespace, model: Path, moves: list[str], tag: str
         ramp_s = min(2.0, args.settle / 2)
         start_at = time.time() + 3.0  # the client processes start (and import) first
         stop_file = str(sock.with_name("stop")) if stop_early else None
-        jobs = [pool.submit(client_process, url, list(range(p, args.streams, procs)), seconds, start_at, ramp_s,
-                            stop_file, args.send_ms / 1000) for p in range(procs)]
+        feed = Feed(seconds, args.send_ms / 1000, tuple(args.audio))
+        jobs = [pool.submit(client_process, url, list(range(p, args.streams, procs)), feed, start_at, ramp_s,
+                            stop_file) for p in range(procs)]
         time.sleep(max(0.0, start_at + ramp_s - time.time()))
         deadline = time.time() + 120  # the client processes may start late (they import torch)
         while admin(sock, "GET", "/v1/status").get("streams", 0) < args.streams and time.time() < deadline:
@@ -395,6 +423,9 @@ def main() -> None:
     ap.add_argument("--compare", action=argparse.BooleanOptionalAction, default=True,
                     help="when every placement is fp32: also run an unmoved daemon and compare tokens")
     ap.add_argument("--batch-wait-ms", type=int, default=2)
+    ap.add_argument("--audio", nargs="*", default=[], metavar="FILE",
+                    help="audio files (WAV, FLAC, OGG) stream i loops the i %% n-th of (default: tone bursts, which a "
+                         "trained model may hear nothing in)")
     ap.add_argument("--send-ms", type=int, default=100,
                     help="audio per client message (default: 100); a result's latency counts from the send of the "
                          "message that held its last audio, so larger messages add to it")

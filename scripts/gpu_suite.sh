@@ -25,7 +25,9 @@ status=0
 # The live-migration benchmark (issue 26): a real `streamd serve --workers` moved by the admin API.
 # The issue's acceptance levels: 4 bf16 <-> fp16 moves with 3000 streams at 160 ms and 6000 at
 # 1120 ms, 4 bf16 <-> fp32 moves with 1500 and 4500, and fp32 cuda:0 -> cpu -> cuda:0 with 8 streams
-# (tokens compared with an unmoved run; the host's CPU held 92 of the 100 chunks a second of 16). MIGRATION_SPECS="CHUNK:STREAMS:DTYPE:MOVE,MOVE ..." replaces
+# (tokens compared with an unmoved run; the host's CPU held 92 of the 100 chunks a second of 16), and
+# the same with the default model and 32 streams of the repo's real-speech clips (a spec that begins
+# `speech=`: a trained model's tokens, where the random model's calibrated near-ties flip on rounding). MIGRATION_SPECS="CHUNK:STREAMS:DTYPE:MOVE,MOVE ..." replaces
 # them; MIGRATION_TESTS=0 skips the migration tests before them; MIGRATION_WORKERS (front ends, 8), MIGRATION_SETTLE_S (10), MIGRATION_TIMEOUT_S (540 a run: at 3000 streams a move prepares 40-100 s, its captures paced; a level of four moves fills a call),
 # MIGRATION_PY_SPY (seconds of py-spy samples before the first move and from it on; 0, off),
 # MIGRATION_DUMP_S (seconds between py-spy dumps of every daemon thread from the first move on, and one
@@ -37,12 +39,16 @@ migration() {
   local w=${MIGRATION_WORKERS:-8}
   local half=cuda:0/fp16,cuda:0/bf16,cuda:0/fp16,cuda:0/bf16 full=cuda:0/fp32,cuda:0/bf16,cuda:0/fp32,cuda:0/bf16
   for spec in ${MIGRATION_SPECS:-"160:3000:bf16:$half" "1120:6000:bf16:$half" "160:1500:bf16:$full" "1120:4500:bf16:$full" \
-              "160:8:fp32:cpu/fp32,cuda:0/fp32"}; do
+              "160:8:fp32:cpu/fp32,cuda:0/fp32" "speech=160:32:fp32:cpu/fp32,cuda:0/fp32"}; do
+    local feed=
+    case $spec in speech=*) feed=speech; spec=${spec#speech=} ;; esac
     IFS=: read -r chunk n dtype moves <<< "$spec"
-    timeout ${MIGRATION_TIMEOUT_S:-540} python3 scripts/bench_migration.py --model /tmp/fcl.pt --streams "$n" --chunk-ms "$chunk" \
+    local model=(--model /tmp/fcl.pt)
+    [ "$feed" = speech ] && model=(--model streamd/assets/default-model.pt --audio tests/fixtures/real-speech/*.ogg)
+    timeout ${MIGRATION_TIMEOUT_S:-540} python3 scripts/bench_migration.py "${model[@]}" --streams "$n" --chunk-ms "$chunk" \
       --workers "$w" --send-ms ${MIGRATION_SEND_MS:-100} --start "cuda:0/$dtype" --moves "$moves" --settle ${MIGRATION_SETTLE_S:-10} --py-spy ${MIGRATION_PY_SPY:-0} \
       --dump-every ${MIGRATION_DUMP_S:-20} --move-timeout ${MIGRATION_MOVE_TIMEOUT_S:-300} ${MIGRATION_THREAD_CPU:+--thread-cpu $MIGRATION_THREAD_CPU} \
-      --out "$OUT/bench_migration-$chunk-$n-$dtype-${moves//[\/,:]/_}.json" 2>&1 | grep -v -e Warning -e _VF.lstm \
+      --out "$OUT/bench_migration-$chunk-$n-$dtype-${moves//[\/,:]/_}${feed:+-$feed}.json" 2>&1 | grep -v -e Warning -e _VF.lstm \
       | tee -a "$OUT/bench_migration.log" || status=1
   done
 }

@@ -92,3 +92,13 @@ def test_a_token_difference_is_placed_on_the_placement_that_served_it() -> None:
     assert before["token"] == 0 and before["served_on"] == "cuda:0/fp32 (before the first move)"
     longer = first(2, list(range(9)), list(range(7)), 100.0, finals, "cuda:0/fp32", cuts)
     assert longer["token"] == 7 and longer["audio_s"] == 25.0 and longer["served_on"] == "cuda:0/fp32"
+
+
+def test_streams_loop_the_audio_files_given_in_turn() -> None:
+    speech = sorted(str(p) for p in (REPO / "tests" / "fixtures" / "real-speech").glob("*.ogg"))[:2]
+    feed = bench_migration.Feed(seconds=20.0, send_s=0.1, files=tuple(speech))
+    first, pcm = feed.audio(0)
+    assert first.name == Path(speech[0]).name and feed.audio(3)[0].name == Path(speech[1]).name
+    assert len(pcm) / 2 / first.rate >= 20.0
+    bursts = bench_migration.Feed(seconds=5.0, send_s=0.1)
+    assert bursts.audio(1)[0].pcm == bench_migration.Feed(5.0, 0.1).audio(17)[0].pcm  # seed 1 both
