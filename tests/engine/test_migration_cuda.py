@@ -291,10 +291,10 @@ def test_moves_while_streams_step_all_along_with_graphs() -> None:
 
 def test_fp32_on_a_gpu_is_the_cpus_fp32() -> None:
     """The H100 run of 2026-12-05 (benchmarks/h100-2026-12-05c-migration): a cuda:0 -> cpu ->
-    cuda:0 move in fp32 changed the tokens of 1 stream in 16 against an unmoved run, while torch let
-    cuDNN's convolutions compute in TF32 (its default). Placed on the GPU, an fp32 model computes in
-    fp32: its encoder outputs are the CPU's within 1e-4 and its tokens are the CPU's, with torch's
-    default flags on entry."""
+    cuda:0 move in fp32 changed the tokens of 1 stream in 16 against an unmoved run, and the GPU's
+    "fp32" was not the CPU's: torch lets cuDNN's convolutions compute in TF32 by default. Placed on
+    the GPU, an fp32 model computes in fp32: its encoder outputs are the CPU's within 1e-4 and its
+    tokens are the CPU's, with torch's default flags on entry."""
     old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cudnn.allow_tf32 = True  # torch's default
     try:
