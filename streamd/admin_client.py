@@ -102,6 +102,23 @@ def _summary(command: str, body: dict[str, Any]) -> str:
                  "answers at the address they use (e.g. behind a load balancer); this one takes none while it drains")
     mig = body.get("migration") if command == "migrate" else body.get("last_migration")
     if mig:
-        res = f"ok, paused {mig['pause_ms']:.1f} ms" if mig["ok"] else f"FAILED: {mig['error']}"
-        line += f"\nmigration {mig['source']} -> {mig['target']}: {res}"
+        line += f"\nmigration {mig['source']} -> {mig['target']}: {_migration_result(mig)}"
     return line
+
+
+def _migration_result(mig: dict[str, Any]) -> str:
+    """A migration report (`MigrationReport.as_dict()`) in a few words: what clients noticed and
+    what the move cost."""
+    if not mig["ok"]:
+        return f"FAILED: {mig['error']}"
+    if not mig.get("moved", True):
+        return "already there, nothing done"
+    gap = mig.get("serving_gap_ms")
+    said = f"ok, paused {mig['pause_ms']:.1f} ms" + (f", serving gap {gap:.0f} ms" if gap is not None else "")
+    prepared = f"prepared in {mig.get('prepare_ms', 0.0) / 1000:.1f} s"
+    if mig.get("graphs"):
+        prepared += f" ({mig['graphs']} graphs captured"
+        deferred = mig.get("graphs_deferred") or 0
+        prepared += f", {deferred} batch sizes left to their first step)" if deferred else ")"
+    failed = mig.get("streams_failed") or 0
+    return f"{said}; {prepared}" + (f"; {failed} streams ended by failed steps" if failed else "")

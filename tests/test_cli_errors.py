@@ -101,6 +101,21 @@ def test_status_says_a_stalled_engine_needs_a_restart() -> None:
     assert "ENGINE STALLED" in said and "restart the daemon" in said
 
 
+def test_a_migration_says_what_clients_noticed_and_what_it_cost() -> None:
+    report = {"ok": True, "moved": True, "source": "cuda:0 bf16", "target": "cuda:0 fp16", "pause_ms": 10.83,
+              "serving_gap_ms": 44.5, "prepare_ms": 112000.0, "graphs": "encoder 60, decoder 35",
+              "graphs_deferred": 0, "streams_failed": 0, "error": ""}
+    said = _summary("migrate", {**STATUS, "migration": report})
+    assert said.endswith("migration cuda:0 bf16 -> cuda:0 fp16: ok, paused 10.8 ms, serving gap 44 ms; prepared in "
+                         "112.0 s (encoder 60, decoder 35 graphs captured)"), said
+    deferred = _summary("status", {**STATUS, "last_migration": {**report, "serving_gap_ms": None, "graphs_deferred": 93,
+                                                                "streams_failed": 2}})
+    assert "paused 10.8 ms; prepared" in deferred and "93 batch sizes left to their first step" in deferred
+    assert deferred.endswith("; 2 streams ended by failed steps")
+    same = _summary("migrate", {**STATUS, "migration": {**report, "moved": False}})
+    assert same.endswith("cuda:0 fp16: already there, nothing done")
+
+
 def test_version_and_a_right_context_the_model_lacks(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as done:
         cli.main(["--version"])

@@ -53,12 +53,14 @@ STEP_POLL_S = 0.0005  # while a step runs on the device: how often the engine th
 
 @dataclass(frozen=True, slots=True)
 class _Step:
-    """A launched step: its sessions in order, when its launch began and how long it took."""
+    """A launched step: its sessions in order, when its launch began and how long it took, and
+    when the first of its streams became ready (perf_counter)."""
 
     batch: list[EngineSession]
     launched: Launched
     t0: float
     launch_s: float
+    ready_at: float
 
 
 class Engine:
@@ -92,7 +94,9 @@ class Engine:
         # stepped) is checked again, so the engine thread's work between steps does not grow with
         # the streams that are waiting for audio.
         self._touched: dict[EngineSession, None] = {}
-        self._ready_set: dict[EngineSession, None] = {}  # in the order they became ready
+        # ready streams in the order they became ready, and when (perf_counter; a stream ready
+        # again as its step lands counts from then)
+        self._ready_set: dict[EngineSession, float] = {}
         self._ended: list[Ended] = []  # streams flushed or failed since the last hand-over
         self._flight: deque[_Step] = deque()  # launched steps, oldest first (at most two)
         self._held: deque[Command] = deque()  # commands that wait until no step is in flight
@@ -109,7 +113,8 @@ class Engine:
         self._stalled = False  # said by the daemon's watchdog (`set_stalled`)
         self._migrating = asyncio.Lock()
         self._listeners: list[Callable[[], None]] = []
-        self._landing: list[Future[float]] = []  # resolved with the time the next step lands
+        # resolved when the next step lands: (when, when the first of its streams became ready)
+        self._landing: list[Future[tuple[float, float]]] = []
         self._status = self._snapshot()
         self.step_times = StepTimes(memory=self._device_memory)
 
@@ -179,12 +184,12 @@ class Engine:
             return await migrate(self, master, device, dtype)
 
     def cut_over(self, rec: Recognizer, target: Transducer, staged: Any, steps: PreparedSteps
-                 ) -> tuple[float, int, float, Future[float] | None, Callable[[], None]]:
+                 ) -> tuple[float, int, float, Future[tuple[float, float]] | None, Callable[[], None]]:
         """`migration.cut_over` on the engine thread (in a `Call`); also when the serving gap began
-        (the last landing, at most one chunk before the pause), if streams have a chunk waiting a
-        future of the next landing (None: no stream is open), and the source's `release`. The
-        streams ready at this moment may be none while thousands are open (their audio still in
-        the inbox): the next landing is awaited whenever a stream is open."""
+        at the earliest (the last landing, at most one chunk before the pause), a future of the
+        next landing and when its first stream became ready (None: no stream is open), and the
+        source's `release`. The streams ready at this moment may be none while thousands are open
+        (their audio still in the inbox): the next landing is awaited whenever a stream is open."""
         paused = time.perf_counter()
         pause_ms, streams, release = cut_over(rec, target, staged, steps)
         # The target's graphs that this thread captures later (sizes not prepared) share no capture
@@ -194,7 +199,7 @@ class Engine:
             self._cpu.place(target.device.type)
         if steps.deferred:  # the first steps capture graphs: they need the source's memory
             release()
-        landed: Future[float] | None = None
+        landed: Future[tuple[float, float]] | None = None
         if self._count_ready() or rec.active:
             landed = Future()
             self._landing.append(landed)
@@ -392,7 +397,7 @@ class Engine:
         """Queue `session`'s float32 samples now: on the engine thread only. Ignored once the
         stream has closed or failed."""
         if session.stream is not None and session.stream.push_audio(samples):
-            self._ready_set[session] = None
+            self._ready_set.setdefault(session, time.perf_counter())
 
     def take_pieces(self, sessions: list[EngineSession | None], sizes: list[int], samples: np.ndarray) -> None:
         """Queue many streams' audio now, on the engine thread only (a front end's bridge, which
@@ -409,8 +414,9 @@ class Engine:
         pick = np.asarray(live, dtype=np.int64) if len(live) < len(sessions) else slice(None)
         slots = np.fromiter((s.stream.slot for s in taken), np.int64, len(taken))  # type: ignore[union-attr]
         ready = self.recognizer.audio.push_many(slots, start[pick], size[pick], samples)
+        now = time.perf_counter()
         for s in itertools.compress(taken, ready.tolist()):
-            self._ready_set[s] = None  # type: ignore[index]
+            self._ready_set.setdefault(s, now)  # type: ignore[arg-type]
 
     def _open(self, session: EngineSession) -> None:
         session.stream = self.recognizer.open()
@@ -422,8 +428,9 @@ class Engine:
             touched = [s for s in self._touched if s.stream is not None]
             self._touched.clear()
             slots = np.fromiter((s.stream.slot for s in touched), np.int64, len(touched))  # type: ignore[union-attr]
+            now = time.perf_counter()
             for s in itertools.compress(touched, self.recognizer.audio.ready(slots).tolist()):
-                self._ready_set[s] = None
+                self._ready_set.setdefault(s, now)
         return len(self._ready_set)
 
     def _launch(self) -> None:
@@ -441,11 +448,12 @@ class Engine:
             self._fail(batch, e)
             self._progress_at = time.perf_counter()  # the thread goes on (its streams failed)
             return
+        ready_at = min((self._ready_set[s] for s in batch), default=t0)
         for s in batch:  # ready again only if more input is there
             del self._ready_set[s]
             self._touched[s] = None
             s.in_flight += 1
-        self._flight.append(_Step(batch, launched, t0, time.perf_counter() - t0))
+        self._flight.append(_Step(batch, launched, t0, time.perf_counter() - t0, ready_at))
         self._progress_at = time.perf_counter()
 
     def _land(self) -> None:
@@ -469,7 +477,7 @@ class Engine:
             self._status = self._snapshot()
             for waiter in self._landing:
                 with contextlib.suppress(InvalidStateError):  # its migration stopped waiting
-                    waiter.set_result(now)
+                    waiter.set_result((now, step.ready_at))
             self._landing.clear()
             batch = step.batch
             landed = [i for i, s in enumerate(batch) if s.stream is not None]  # not failed or closed meanwhile

@@ -83,8 +83,9 @@ class MigrationReport:
     graphs: str = ""  # the batch sizes captured for the target ("encoder 12, decoder 9"), '' on a CPU
     graphs_deferred: int = 0  # batch sizes left to capture on their first step after the move (GPU memory)
     # last results delivered before the pause -> first after it (at most one chunk counted
-    # before the pause; an open stream's next chunk may still be on its way, which counts); None:
-    # no stream was open at the cut-over, or no step landed in `GAP_WAIT_S`
+    # before the pause; from the first post-move step's oldest chunk's arrival when it came
+    # later: audio still on its way is no gap); None: no stream was open at the cut-over, or no
+    # step landed in `GAP_WAIT_S`
     serving_gap_ms: float | None = None
     # streams a failed engine step ended while the move was prepared and cut over (0 when all
     # went well; the H200 runs of 2026-12-05 had thousands behind moves that reported ok)
@@ -348,7 +349,7 @@ class Host(Protocol):
     def set_cutting_over(self, on: bool) -> None: ...
 
     def cut_over(self, rec: Recognizer, target: Transducer, staged: Any, steps: PreparedSteps
-                 ) -> tuple[float, int, float, Future[float] | None, Callable[[], None]]: ...
+                 ) -> tuple[float, int, float, Future[tuple[float, float]] | None, Callable[[], None]]: ...
 
 
 async def migrate(engine: Host, master: Transducer, device: torch.device | None, dtype: torch.dtype | None
@@ -403,11 +404,11 @@ async def migrate(engine: Host, master: Transducer, device: torch.device | None,
         return report
     if landed is not None:
         try:
-            after = await asyncio.wait_for(asyncio.wrap_future(landed), GAP_WAIT_S)
+            after, ready = await asyncio.wait_for(asyncio.wrap_future(landed), GAP_WAIT_S)
         except TimeoutError:
             pass  # no step since: nothing to measure
-        else:
-            report.serving_gap_ms = (after - before) * 1000
+        else:  # a stream whose chunk came after the cut-over waited from then only
+            report.serving_gap_ms = (after - max(before, ready)) * 1000
     report.streams_failed = engine.streams_failed - failed_before
     await _prepare(release)
     return report

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from streamd.config import AdminConfig
-from streamd.engine.migration import MigrationReport
+from streamd.engine.migration import GAP_WAIT_S, MigrationReport
 from streamd.engine.placement import parse_device, parse_dtype
 from streamd.errors import ConfigError, echo
 from streamd.server.context import ServerState
@@ -112,7 +112,9 @@ class Control:
             gap = report.serving_gap_ms
             m.observe_migration(report.pause_ms / 1000, report.recapture_ms / 1000, None if gap is None else gap / 1000)
             m.set_model(self.state.model_name, self.state.device, self.state.dtype)
-        gap_text = "no step soon after" if report.serving_gap_ms is None else f"serving gap {report.serving_gap_ms:.1f} ms"
+        gap_text = (f"serving gap {report.serving_gap_ms:.1f} ms" if report.serving_gap_ms is not None
+                    else "no streams, no serving gap" if not report.streams
+                    else f"no step landed within {GAP_WAIT_S:.0f} s after")
         log.info("admin: migrate %s -> %s: %s", report.source, report.target,
                  f"ok, paused {report.pause_ms:.1f} ms, {gap_text}; prepared in {report.prepare_ms:.0f} ms "
                  f"({report.graphs or 'no graphs'} captured in {report.recapture_ms:.0f} ms"

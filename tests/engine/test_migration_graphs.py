@@ -453,7 +453,8 @@ def test_a_migration_paces_every_capture(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_the_serving_gap_is_measured_when_no_chunk_waits_at_the_cut_over() -> None:
     """The H100 run of 2026-12-05 (4500 streams at 1120 ms) reported no gap for a move: at the
     cut-over no stream was known to have a chunk ready (their audio was still in the inbox). An
-    open stream's next step is awaited all the same."""
+    open stream's next step is awaited all the same, and the gap counts from when its chunk came
+    (not the half second without audio before it)."""
     master = random_model(seed=2, att_context_sizes=CONTEXT)
     rng = np.random.default_rng(5)
 
@@ -469,10 +470,10 @@ def test_the_serving_gap_is_measured_when_no_chunk_waits_at_the_cut_over() -> No
             moving = asyncio.ensure_future(engine.migrate(master, None, torch.bfloat16))
             while not engine.status.dtype == "bf16":
                 await asyncio.sleep(0.01)
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)
             engine.push(session, rng.standard_normal(rec.geometry.chunk_ms * 16).astype(np.float32) * 0.1)
             report = await asyncio.wait_for(moving, 30)
-            assert report.ok and report.serving_gap_ms is not None and 50 <= report.serving_gap_ms < 3000, report
+            assert report.ok and report.serving_gap_ms is not None and 0 < report.serving_gap_ms < 400, report
             assert await session.results.get() is not None
         finally:
             await engine.stop()
