@@ -448,7 +448,7 @@ class Engine:
             self._fail(batch, e)
             self._progress_at = time.perf_counter()  # the thread goes on (its streams failed)
             return
-        ready_at = min((self._ready_set[s] for s in batch), default=t0)
+        ready_at = self._ready_set[batch[0]] if batch else t0  # the oldest: times rise in the set's order
         for s in batch:  # ready again only if more input is there
             del self._ready_set[s]
             self._touched[s] = None
