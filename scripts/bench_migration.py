@@ -15,11 +15,12 @@ migration's); whether the encoder and decoder run from graphs again; and at the 
 dropped (the admin reports so far are written after every move, in case the run is stopped). A
 move that gets no answer in `--move-timeout`, or during which the daemon says its engine stalled
 (`/livez` 503, a minute after its last step), ends the moves with a dump of every daemon thread. For
-moves that keep fp32 (e.g. cuda:0 -> cpu -> cuda:0), `--compare` runs the same
-streams through a second daemon that is never moved and reports whether every stream's tokens are
-identical, and for a stream whose are not, where they first differ and on which placement. The daemon admits by `max_streams` (`--admission max_streams`): the benchmark sets the
-load itself, and admission by the capacity estimate would refuse streams beyond what the start
-placement measured at warm-up (on a CPU start, all of them). Prints a table, writes JSON.
+moves that keep fp32 (e.g. cuda:0 -> cpu -> cuda:0), `--compare` runs the same streams through a
+second daemon that is never moved and reports whether every stream's tokens are identical, and for
+a stream whose are not, where they first differ and on which placement. The daemon admits by
+`max_streams` (`--admission max_streams`): the benchmark sets the load itself, and admission by the
+capacity estimate would refuse streams beyond what the start placement measured at warm-up (on a
+CPU start, all of them). Prints a table, writes JSON.
 
     python scripts/bench_migration.py --streams 16 --chunk-ms 160 --workers 2 --start cpu/fp32 \
         --moves cpu/bf16,cpu/fp32 --settle 6
@@ -147,6 +148,7 @@ def _looped_bursts(seed: int, seconds: float) -> tuple[load.Audio, bytes]:
 
 @functools.lru_cache(maxsize=None)
 def _looped_file(path: str, seconds: float) -> tuple[load.Audio, bytes]:
+    """As `_looped_bursts`, for an audio file."""
     audio = load.load_wav(Path(path))
     return audio, load.looped(audio, seconds)
 
