@@ -129,14 +129,18 @@ class _Views:
     lengths: Tensor  # (n,) int64
     start: Tensor  # (n,) int64
     rows: Tensor  # (n,) int64: the gather index (slot of each row)
-    cache: EncoderCache  # the gathered input cache: (L, n, C, d or 2d), (L, n, d, K-1), (n,)
-    out: EncoderCache  # the next cache, same shapes
+    # (L, n, C + T_out, d or 2d): the gathered channel cache in the first C frames; the layers
+    # write the chunk's frames after them, and the last C frames are the next channel cache
+    windows: Tensor
+    cache: EncoderCache  # the gathered input cache: windows[:, :, :C], (L, n, d, K-1), (n,)
+    out: EncoderCache  # the next cache, same shapes: windows[:, :, T_out:], ...
     enc: Tensor  # (n, T_out, d)
     enc_len: Tensor  # (n,) int64
 
 
 class _Static:
-    """Flat buffers for up to `capacity` rows; `views(n)` are contiguous views of their fronts."""
+    """Flat buffers for up to `capacity` rows; `views(n)` are contiguous views of their fronts
+    (the input and next channel caches: the front and back of the windows)."""
 
     def __init__(self, encoder: ConformerEncoder, key: EncoderGraphKey, capacity: int) -> None:
         d, dev, dt = encoder.dims, key.device, key.dtype
@@ -147,7 +151,8 @@ class _Static:
         t_out -= DROP_EXTRA_PRE_ENCODED
         self.capacity, self.kv = capacity, key.kv
         self.shapes: dict[str, tuple[int, ...]] = {  # per row
-            "mel": (n_mels, w), "channel": (d.n_layers, key.att_context[0], d.d_model * (2 if key.kv else 1)),
+            "mel": (n_mels, w),
+            "windows": (d.n_layers, key.att_context[0] + t_out, d.d_model * (2 if key.kv else 1)),
             "time": (d.n_layers, d.d_model, d.conv_kernel - 1), "enc": (t_out, d.d_model), "row": ()}
 
         def flat(what: str, dtype: torch.dtype) -> Tensor:
@@ -158,19 +163,21 @@ class _Static:
 
         self.mel = flat("mel", torch.float32)
         self.lengths, self.start, self.rows = (flat("row", torch.long) for _ in range(3))
-        self.channel_in, self.channel_out = flat("channel", dt), flat("channel", dt)
+        self.windows = flat("windows", dt)
         self.time_in, self.time_out = flat("time", dt), flat("time", dt)
         self.len_in, self.len_out = flat("row", torch.long), flat("row", torch.long)
         self.enc, self.enc_len = flat("enc", dt), flat("row", torch.long)
 
     def views(self, n: int) -> _Views:
         sh = self.shapes
-        (layers, c, width), (_, dm, k) = sh["channel"], sh["time"]
+        (layers, frames, width), (_, dm, k) = sh["windows"], sh["time"]
+        t_out = sh["enc"][0]
+        windows = _front(self.windows, (layers, n, frames, width))
         return _Views(
-            _front(self.mel, (n, *sh["mel"])), self.lengths[:n], self.start[:n], self.rows[:n],
-            EncoderCache(_front(self.channel_in, (layers, n, c, width)), _front(self.time_in, (layers, n, dm, k)),
+            _front(self.mel, (n, *sh["mel"])), self.lengths[:n], self.start[:n], self.rows[:n], windows,
+            EncoderCache(windows[:, :, :frames - t_out], _front(self.time_in, (layers, n, dm, k)),
                          self.len_in[:n], self.kv),
-            EncoderCache(_front(self.channel_out, (layers, n, c, width)), _front(self.time_out, (layers, n, dm, k)),
+            EncoderCache(windows[:, :, t_out:], _front(self.time_out, (layers, n, dm, k)),
                          self.len_out[:n], self.kv),
             _front(self.enc, (n, *sh["enc"])), self.enc_len[:n])
 
@@ -410,7 +417,8 @@ class EncoderStep:
 
     def _body(self, v: _Views, att_context: tuple[int, int]) -> None:
         """What a graph runs: the encoder on the static buffers, outputs into static buffers."""
-        x, x_len, _ = self.encoder.streaming_forward(v.mel, v.lengths, v.cache, att_context, start=v.start, out=v.out)
+        x, x_len, _ = self.encoder.streaming_forward(v.mel, v.lengths, v.cache, att_context, start=v.start, out=v.out,
+                                                     windows=v.windows)
         v.enc.copy_(x)
         v.enc_len.copy_(x_len)
 

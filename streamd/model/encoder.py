@@ -107,7 +107,8 @@ class ConformerEncoder(nn.Module):
     def streaming_forward(self, mel: Tensor, lengths: Tensor, cache: EncoderCache, att_context: tuple[int, int],
                           drop_extra: int = DROP_EXTRA_PRE_ENCODED, start: Tensor | None = None,
                           full: bool = False, out: EncoderCache | None = None, rows: Tensor | None = None,
-                          work: Workspace | None = None) -> tuple[Tensor, Tensor, EncoderCache]:
+                          work: Workspace | None = None, windows: Tensor | None = None
+                          ) -> tuple[Tensor, Tensor, EncoderCache]:
         """One cache-aware step.
 
         Each layer attends over a window of (C + T) frames: the C cached ones, then this chunk's
@@ -131,6 +132,11 @@ class ConformerEncoder(nn.Module):
                 rows[b]; the step reads those slots straight into the windows and writes their
                 next state back into them, in place (`cache` is returned, `out` is not used).
             work: with `rows`, buffers reused across calls for the windows (`Workspace`).
+            windows: with `out`: the caller's (L, B, C + T_out, d or 2d) windows, whose first C
+                frames are `cache.channel` (gathered there by the caller) and whose last C frames
+                are `out.channel`: the layers work in them in place and no channel cache is
+                copied (a CUDA graph's static buffers: one window buffer, not an input and an
+                output cache beside windows in the graph's pool).
         Returns: (B, T_out, d), (B,) valid output frames, the next cache.
         """
         x, lengths = self.pre_encode(mel.to(self._dtype), lengths, start, full)
@@ -143,12 +149,17 @@ class ConformerEncoder(nn.Module):
         pad_mask, att_mask = self._masks(c + t, lengths + c, c - channel_len, att_context)
         pad_mask, att_mask = pad_mask[:, c:], att_mask[:, c:]
         shape = (cache.channel.shape[0], x.shape[0], c + t, cache.channel.shape[-1])
-        windows = (work.take(shape, cache.channel) if work is not None and rows is not None
-                   else cache.channel.new_empty(shape))
-        if rows is None:
+        in_place = windows is not None
+        if windows is not None:
+            if out is None or rows is not None or tuple(windows.shape) != shape:
+                raise ValueError(f"windows {tuple(windows.shape)} go with `out`, without `rows`, shaped {shape}")
+            time = cache.time
+        elif rows is None:
+            windows = cache.channel.new_empty(shape)
             windows[:, :, :c] = cache.channel
             time = cache.time
         else:
+            windows = work.take(shape, cache.channel) if work is not None else cache.channel.new_empty(shape)
             torch.index_select(cache.channel, 1, rows, out=windows[:, :, :c])
             time = cache.time.index_select(1, rows)
         times = []
@@ -165,7 +176,8 @@ class ConformerEncoder(nn.Module):
             return x, lengths, EncoderCache(windows[:, :, t:], torch.stack(times), channel_len, cache.kv)
         if out.kv != cache.kv:
             raise ValueError("the out buffers' cache layout differs from the cache's")
-        out.channel.copy_(windows[:, :, t:])
+        if not in_place:
+            out.channel.copy_(windows[:, :, t:])
         torch.stack(times, out=out.time)
         out.channel_len.copy_(channel_len)
         return x, lengths, out

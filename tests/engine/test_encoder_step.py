@@ -192,7 +192,7 @@ def test_fake_graphs_equal_eager_with_ragged_windows_and_random_rows(per_octave:
     assert_same(got, got)
     assert graphs.mode == GRAPHS and eager.mode == EAGER and eager.key is None
     assert graphs.key is not None and graphs.key.kv == kv and got[1][1].kv == kv
-    assert graphs._static is not None and graphs._static.shapes["channel"][2] == m.dims.d_model * (2 if kv else 1)
+    assert graphs._static is not None and graphs._static.shapes["windows"][2] == m.dims.d_model * (2 if kv else 1)
 
 
 def test_both_cache_layouts_give_the_same_outputs() -> None:
@@ -267,7 +267,7 @@ def test_outputs_are_fresh_tensors() -> None:
     static = step._static
     assert enc.shape == (3, 4, m.dims.d_model) and enc_len.shape == (3,)
     for t in (enc, enc_len):
-        for buf in (static.enc, static.enc_len, static.channel_out):
+        for buf in (static.enc, static.enc_len, static.windows):
             assert t.untyped_storage().data_ptr() != buf.untyped_storage().data_ptr()
 
 
@@ -356,7 +356,8 @@ def test_the_calls_attention_context_is_part_of_the_key() -> None:
         assert torch.equal(l0, l1) and graphs.mode == GRAPHS
         torch.testing.assert_close(e0, e1, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(caches[0].channel, caches[1].channel, rtol=1e-5, atol=1e-5)
-        assert graphs._static is not None and graphs._static.shapes["channel"][1] == context[0]
+        assert graphs._static is not None
+        assert graphs._static.shapes["windows"][1] == context[0] + graphs._static.shapes["enc"][0]
     assert graphs.rebuilds == 3 and be.captures == [4, 4, 4]
     assert "attention context [8, 1] -> [16, 3]" in graphs.last_rebuild_reason
 
@@ -405,7 +406,7 @@ def test_a_callers_inference_mode_and_autocast_do_not_reach_the_buffers() -> Non
     with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
         step(cache, torch.tensor([0, 1]), *inputs(m, 2, rng), att_context=CONTEXT[0])
     static = step._static
-    assert static is not None and not static.channel_in.is_inference() and static.enc.dtype == torch.float32
+    assert static is not None and not static.windows.is_inference() and static.enc.dtype == torch.float32
     # buffers made in inference mode would refuse this:
     step(cache, torch.tensor([2, 3]), *inputs(m, 2, rng), att_context=CONTEXT[0])
 
