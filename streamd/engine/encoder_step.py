@@ -12,9 +12,13 @@ gathers their cache rows, encodes, and writes their next caches back in place.
   eager step is bound by launching its hundreds of kernels, not by the GPU.
 
 Static buffers. All buckets share one set of flat buffers (mel, lengths, start, gather index,
-input cache, next cache, encoder output), sized for `max_batch` at the first capture (without
-one: for the largest bucket so far, grown by doubling); a bucket of n rows uses the first elements of each, viewed as a contiguous tensor of n
-rows. All graphs share one private memory pool. Both are safe because buckets never run at
+attention windows, time caches in and out, encoder output), sized for `max_batch` at the first
+capture (without one: for the largest bucket so far, grown by doubling); a bucket of n rows uses
+the first elements of each, viewed as a contiguous tensor of n rows. The channel cache has no
+buffer of its own: a step gathers it into the front C frames of the windows, the layers write the
+chunk's frames after them in place, and the windows' last C frames, the next cache, are
+scattered back (a separate input and next cache beside windows in the pool took 2.7x the
+memory: ~16 GB for a 1024-row fp32 part of a FastConformer-L at 1120 ms chunks). All graphs share one private memory pool. Both are safe because buckets never run at
 once and a replay's outputs are copied out before the next replay. Of a bucket's n rows, the b
 real ones are copied in; the padded rows gather a copy of the first real stream's cache and
 keep earlier mel, length and start values (finite: zeros or an earlier real step's). Every
