@@ -418,3 +418,37 @@ def test_recognizer_makes_an_encoder_step_per_model() -> None:
     target = model()
     rec.use_model(target)
     assert [s.encoder for s in made] == [m.encoder, target.encoder] and rec.encoder_step is made[1]
+
+
+def test_a_step_in_the_callers_windows_equals_one_into_out_buffers() -> None:
+    """`streaming_forward(..., windows=)`, how a graph runs: the cache gathered into the windows'
+    first C frames, the next cache their last C frames, nothing copied; the same outputs and next
+    cache as into separate out buffers. Windows of the wrong shape, or without `out`, are refused."""
+    m = model()
+    rng = np.random.default_rng(11)
+    c = CONTEXT[0][0]
+    cache = m.encoder.init_cache(3, CONTEXT[0], m.device, m.dtype)
+    mel, lengths, start, _ = inputs(m, 3, rng)
+    with torch.no_grad():
+        for _ in range(3):  # a cache with something in it
+            m.encoder.streaming_forward(*inputs(m, 3, rng, ragged=False)[:2], cache, CONTEXT[0],
+                                        rows=torch.arange(3))
+        out = EncoderCache(torch.empty_like(cache.channel), torch.empty_like(cache.time),
+                           torch.empty_like(cache.channel_len), cache.kv)
+        x, x_len, _ = m.encoder.streaming_forward(mel, lengths, cache, CONTEXT[0], start=start, out=out)
+        t = x.shape[1]
+        windows = torch.full((cache.channel.shape[0], 3, c + t, cache.channel.shape[-1]), float("nan"))
+        windows[:, :, :c] = cache.channel
+        mine = EncoderCache(windows[:, :, t:], torch.empty_like(cache.time), torch.empty_like(cache.channel_len),
+                            cache.kv)
+        given = EncoderCache(windows[:, :, :c], cache.time, cache.channel_len, cache.kv)
+        y, y_len, nxt = m.encoder.streaming_forward(mel, lengths, given, CONTEXT[0], start=start, out=mine,
+                                                    windows=windows)
+        assert nxt is mine and torch.equal(x_len, y_len)
+        torch.testing.assert_close(y, x, rtol=0, atol=0)
+        for a, b in ((nxt.channel, out.channel), (nxt.time, out.time), (nxt.channel_len, out.channel_len)):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        with pytest.raises(ValueError, match="windows"):
+            m.encoder.streaming_forward(mel, lengths, given, CONTEXT[0], start=start, out=mine, windows=windows[:, :2])
+        with pytest.raises(ValueError, match="windows"):
+            m.encoder.streaming_forward(mel, lengths, given, CONTEXT[0], start=start, windows=windows)
