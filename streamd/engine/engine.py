@@ -200,7 +200,7 @@ class Engine:
         if steps.deferred:  # the first steps capture graphs: they need the source's memory
             release()
         landed: Future[tuple[float, float]] | None = None
-        if self._count_ready() or rec.active:
+        if rec.active:
             landed = Future()
             self._landing.append(landed)
         return pause_ms, streams, max(self._landed_at, paused - rec.geometry.chunk_ms / 1000), landed, release

@@ -129,14 +129,20 @@ def test_the_targets_graphs_are_captured_before_the_cut_over() -> None:
     asyncio.run(main())
 
 
+def started_engine(master: Any) -> tuple[Recognizer, Engine]:
+    """A two-slot engine on a copy of `master` (the CPU, eager), started."""
+    rec = Recognizer(copy.deepcopy(master), 2, CONTEXT[0])
+    engine = Engine(rec, max_batch=2, batch_wait_s=0.0)
+    engine.start()
+    return rec, engine
+
+
 def test_the_serving_gap_is_measured_when_streams_go_on() -> None:
     master = random_model(seed=2, att_context_sizes=CONTEXT)
     audio = np.random.default_rng(4).standard_normal(16000 * 40).astype(np.float32) * 0.1
 
     async def main() -> None:
-        rec = Recognizer(copy.deepcopy(master), 2, CONTEXT[0])
-        engine = Engine(rec, max_batch=2, batch_wait_s=0.0)
-        engine.start()
+        rec, engine = started_engine(master)
         try:
             session = await engine.open()
             engine.push(session, audio)  # a backlog of chunks: one waits at the cut-over
@@ -459,9 +465,7 @@ def test_the_serving_gap_is_measured_when_no_chunk_waits_at_the_cut_over() -> No
     rng = np.random.default_rng(5)
 
     async def main() -> None:
-        rec = Recognizer(copy.deepcopy(master), 2, CONTEXT[0])
-        engine = Engine(rec, max_batch=2, batch_wait_s=0.0)
-        engine.start()
+        rec, engine = started_engine(master)
         try:
             session = await engine.open()
             chunk = rec.geometry.samples_for(rec.geometry.frames_after(1))
