@@ -6,8 +6,8 @@
    out of memory) fails before anything changes, and the device is warm.
    The slot-state buffers at the target are allocated then too (`stage_cache`), and the
    target's encoder step and decoder are made, with the CUDA graphs of the batch sizes the
-   serving ones called in the last `IN_USE_S` seconds, those of the last `HOT_S` first
-   (`prepare_steps`, on a side stream), so that the first steps after the move replay graphs
+   serving ones called in the last `IN_USE_S` seconds, those of the last `HOT_S` first, the
+   encoder's and the decoder's in turn (`prepare_steps`, on a side stream), so that the first steps after the move replay graphs
    instead of capturing them while every stream waits (capturing every size the warm-up made took 10-50 s a move at thousands of
    streams on an H200). The captures are spaced out (`Pacer`): serving catches up between them.
    They run on one of two capture streams, not the one the serving graphs were captured on
@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -237,10 +238,11 @@ def prepare_steps(rec: Recognizer, target: Transducer, sizes: list[tuple[list[in
                   room: Callable[[], bool] | None = None) -> PreparedSteps:
     """The target's encoder step and search (the recognizer's factories), with the graphs of the
     batch sizes `sizes` captured now, off the engine thread, while `room()` (if given) allows:
-    groups (`Recognizer.graph_sizes()`: the encoder's and the decoder's) in order, the first
-    group's encoder and decoder sizes before the next group's, each largest first. A size not
-    captured (no room, or out of memory) is left to the lazy capture on its first step; on a
-    CPU nothing is captured."""
+    groups (`Recognizer.graph_sizes()`: the encoder's and the decoder's) in order, and in a
+    group the encoder's and the decoder's sizes in turn, each largest first (`_in_turn`: a step
+    needs both graphs; encoder sizes first in full left the decoder none when room ran out).
+    A size not captured (no room, or out of memory) is left to the lazy capture on its first
+    step; on a CPU nothing is captured."""
     t0 = time.perf_counter()
     stopped = False
 
@@ -255,9 +257,13 @@ def prepare_steps(rec: Recognizer, target: Transducer, sizes: list[tuple[list[in
     dec: list[int] = []
     captured_on = capture_stream_for(rec)
     with capturing_on(captured_on):
-        for enc_sizes, dec_sizes in sizes:
-            enc = encoder_step.prepare(enc_sizes, rec.mel_window, rec.att_context, allowed, rec.kv_cache)
-            dec = prepare(dec_sizes, allowed) if prepare is not None and dec_sizes else dec
+        for part, size in _in_turn(sizes):
+            if stopped:
+                break
+            if part == "encoder":
+                enc = encoder_step.prepare([size], rec.mel_window, rec.att_context, allowed, rec.kv_cache)
+            elif prepare is not None:
+                dec = prepare([size], allowed)
     wanted_enc = {b for group, _ in sizes for b in group}
     wanted_dec = {b for _, group in sizes for b in group}
     graphs = f"encoder {len(enc)}, decoder {len(dec)}" if enc or dec else ""
@@ -266,6 +272,17 @@ def prepare_steps(rec: Recognizer, target: Transducer, sizes: list[tuple[list[in
         log.warning("migration: the graphs of %d batch sizes are left to their first step after the move "
                     "(%.0f%% of the GPU's memory kept free for serving)", deferred, MIN_FREE * 100)
     return PreparedSteps(encoder_step, search, (time.perf_counter() - t0) * 1000, graphs, deferred, captured_on)
+
+
+def _in_turn(sizes: list[tuple[list[int], list[int]]]) -> list[tuple[str, int]]:
+    """The order `prepare_steps` captures in: group by group, the encoder's and the decoder's
+    batch sizes in turn, each largest first; a size only the first time it comes."""
+    order: list[tuple[str, int]] = []
+    for enc_sizes, dec_sizes in sizes:
+        turns = itertools.zip_longest(sorted(enc_sizes, reverse=True), sorted(dec_sizes, reverse=True))
+        order += [(part, size) for pair in turns for part, size in zip(("encoder", "decoder"), pair)
+                  if size is not None and (part, size) not in order]
+    return order
 
 
 def cut_over(rec: Recognizer, target: Transducer, staged: EncoderCache | None = None,

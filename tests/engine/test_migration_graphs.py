@@ -302,7 +302,7 @@ def test_graphs_stop_at_the_memory_kept_for_serving_and_the_rest_follow_the_move
             assert len(enc_sizes) + len(dec_sizes) > 2
             report = await engine.migrate(master, None, torch.bfloat16)
             assert report.ok and report.graphs_deferred == len(enc_sizes) + len(dec_sizes) - 2, report
-            assert rec.graph_sizes() == (sorted(enc_sizes)[-2:], [])  # the two largest of the encoder's
+            assert rec.graph_sizes() == ([max(enc_sizes)], [max(dec_sizes)])  # a step needs both: the largest of each
             sessions = [await engine.open() for _ in range(SLOTS)]
             for n in (SLOTS, 1):  # a full step and a single stream's: sizes left by the guard, captured now
                 feed(engine, sessions[:n], rng.standard_normal(rec.geometry.chunk_ms * 16).astype(np.float32) * 0.1)
@@ -313,6 +313,16 @@ def test_graphs_stop_at_the_memory_kept_for_serving_and_the_rest_follow_the_move
             await engine.stop()
 
     asyncio.run(main())
+
+
+def test_a_group_is_prepared_encoder_and_decoder_in_turn_largest_first() -> None:
+    """Each group in turn; in it, the encoder's and the decoder's sizes alternate, largest
+    first, the longer list's rest after; a size a group before had is not taken again."""
+    hot, in_use = ([3, 8], [6]), ([1, 3, 8, 16], [2, 6])
+    assert migration._in_turn([hot, in_use]) == [
+        ("encoder", 8), ("decoder", 6), ("encoder", 3),
+        ("encoder", 16), ("decoder", 2), ("encoder", 1)]
+    assert migration._in_turn([([], [4]), ([], [])]) == [("decoder", 4)]
 
 
 def test_the_allocators_cache_is_given_back_once_before_graphs_stop(monkeypatch: pytest.MonkeyPatch) -> None:
