@@ -81,10 +81,6 @@ class Notifier:
         """Ping the watchdog (``WATCHDOG=1``); call it every ``watchdog_interval`` seconds."""
         return self.notify("WATCHDOG=1")
 
-    def extend_timeout(self, seconds: float) -> bool:
-        """Ask for ``seconds`` more before the start/stop timeout kills us (``EXTEND_TIMEOUT_USEC``)."""
-        return self.notify(f"EXTEND_TIMEOUT_USEC={int(seconds * 1e6)}")
-
     def close(self) -> None:
         """Close the socket; later calls reopen it."""
         if self._sock is not None:

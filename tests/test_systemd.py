@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import asyncio
 import os
 import socket
 import time
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import streamd.systemd
+from daemon import config, running
 from streamd.systemd import Notifier
 
 
@@ -51,8 +53,6 @@ def test_every_message(listener: tuple[socket.socket, str]) -> None:
     assert sock.recv(4096) == b"WATCHDOG=1"
     assert notifier.stopping("draining 3 streams")
     assert sock.recv(4096) == b"STOPPING=1\nSTATUS=draining 3 streams"
-    assert notifier.extend_timeout(1.5)
-    assert sock.recv(4096) == b"EXTEND_TIMEOUT_USEC=1500000"
     assert notifier.notify("ERRNO=5", "BUSERROR=x")
     assert sock.recv(4096) == b"ERRNO=5\nBUSERROR=x"
     before = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
@@ -63,6 +63,22 @@ def test_every_message(listener: tuple[socket.socket, str]) -> None:
     assert lines[1].startswith("MONOTONIC_USEC=")
     assert before <= int(lines[1].split("=")[1]) <= after
     notifier.close()
+
+
+def test_the_daemon_says_what_its_start_is_doing(listener: tuple[socket.socket, str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """`systemctl status` of a starting daemon: its warm-up, then its step-time probe, then ready."""
+    sock, path = listener
+    monkeypatch.setenv("NOTIFY_SOCKET", path)
+
+    async def main() -> int:
+        async with running(config()) as (_, url):
+            return int(url.rsplit(":", 1)[1])
+
+    port = asyncio.run(main())
+    said = [sock.recv(4096).decode() for _ in range(3)]
+    assert said == ["STATUS=warming up on cpu fp32", "STATUS=measuring step times for the capacity estimate",
+                    f"READY=1\nSTATUS=serving on port {port}"]
 
 
 def test_abstract_socket() -> None:

@@ -137,7 +137,9 @@ class App:
         await admin.start()  # first: a socket path in use fails the start before any work
         try:
             self.state.engine.start()
+            notifier.status(f"warming up on {self.state.device} {self.state.dtype}")  # `systemctl status`
             await _unless_engine_dies(self.state.engine, warm_up(self.state.engine))
+            notifier.status("measuring step times for the capacity estimate")
             await _unless_engine_dies(self.state.engine, measure_capacity(self.state))
             freeze_startup_heap()
             async with contextlib.AsyncExitStack() as stack:
