@@ -4,6 +4,7 @@ from __future__ import annotations
 import copy
 import io
 import tarfile
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,9 @@ import torch
 import yaml
 
 from conftest import FIXTURES
-from helpers import fixture_model, random_model
+from helpers import fixture_model, random_model, synthetic_audio
+from streamd.decode import transcribe_offline
+from streamd.engine.recognizer import Recognizer
 from streamd.model.checkpoint import (UnsupportedCheckpoint, dims_from_nemo_config, load_model,
                                       save_streamd)
 
@@ -103,3 +106,60 @@ def test_att_context_must_be_one_the_model_was_trained_for() -> None:
     with pytest.raises(ValueError, match="right context 5 is not one this model was trained for; use 13, 6, 1 or 0"):
         m.dims.att_context_with_right(5)
     assert m.dims.att_context() == (70, 13) and m.dims.att_context_with_right(1) == (70, 1)
+
+
+def nemotron_shaped(tmp_path: Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    """The tiny fixture made into the shape of `nvidia/nemotron-speech-streaming-en-0.6b` (the
+    third-party module dump in ../shared/design/nemo-reference.md, 1.4-1.5): 128 mels (a flatten
+    of C x 17 frequency bins), `use_bias: false` (no bias on any layer's Linear or Conv; the
+    pre-encoder keeps its own and LayerNorms theirs), a 2-layer LSTM prediction net; RNN-T only.
+    NeMo's key set for it is made from the fixture's keys by those rules; the weights are a
+    random model's of that configuration (`helpers.random_model`: it emits labels). Returns the
+    file and the state dict written."""
+    files, cfg = members(NEMO), config()
+    cfg["encoder"].update(use_bias=False, feat_in=128)
+    cfg["preprocessor"]["features"] = 128
+    cfg["decoder"]["prednet"]["pred_rnn_layers"] = 2
+    files["./model_config.yaml"] = yaml.safe_dump(cfg).encode()
+    nemo_keys = set(torch.load(io.BytesIO(files["./model_weights.ckpt"]), weights_only=True))
+    layer_biases = ("feed_forward1.linear1", "feed_forward1.linear2", "feed_forward2.linear1", "feed_forward2.linear2",
+                    "conv.pointwise_conv1", "conv.depthwise_conv", "conv.pointwise_conv2",
+                    "self_attn.linear_q", "self_attn.linear_k", "self_attn.linear_v", "self_attn.linear_out")
+    nemo_keys = {k for k in nemo_keys
+                 if not (k.startswith("encoder.layers.") and k.endswith(".bias") and k.split(".", 3)[3][:-5] in layer_biases)}
+    nemo_keys |= {f"decoder.prediction.dec_rnn.lstm.{w}_l1" for w in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")}
+    dims = dims_from_nemo_config(cfg)
+    state = random_model(3, **{f.name: getattr(dims, f.name) for f in fields(dims)}).state_dict()
+    assert set(state) == nemo_keys, sorted(set(state) ^ nemo_keys)
+    c, d = cfg["encoder"]["subsampling_conv_channels"], cfg["encoder"]["d_model"]
+    assert state["encoder.pre_encode.out.weight"].shape == (d, c * 17)
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    files["./model_weights.ckpt"] = buf.getvalue()
+    return write_tar(tmp_path / "nemotron-shaped.nemo", files), state
+
+
+def test_a_nemotron_shaped_checkpoint_loads_and_streams_like_offline(tmp_path: Path) -> None:
+    """NeMo's key set for Nemotron-0.6B's configuration loads strictly (no key missing or left
+    over, every shape as NeMo's), every tensor as written, and it streams as it decodes offline."""
+    path, state = nemotron_shaped(tmp_path)
+    loaded = load_model(path)
+    m = loaded.model
+    assert (m.dims.features.n_mels, m.dims.use_bias, m.dims.pred_rnn_layers) == (128, False, 2)
+    got = m.state_dict()
+    assert got.keys() == state.keys() and all(torch.equal(got[k], state[k].to(got[k].dtype)) for k in state)
+    assert m.encoder.layers[0].self_attn.linear_q.bias is None and m.encoder.pre_encode.out.bias is not None
+    rec = Recognizer(m, capacity=1)
+    for k, seconds in enumerate((1.3, 3.4)):
+        audio = synthetic_audio(seconds, k)
+        stream = rec.open()
+        for i in range(0, audio.size, 2731):
+            stream.push_audio(audio[i: i + 2731])
+            while stream.ready:
+                rec.step([stream])
+        stream.end()
+        while stream.ready:
+            rec.step([stream])
+        rec.close(stream)
+        assert (stream.tokens, stream.times) == transcribe_offline(m, torch.from_numpy(audio))
+        assert stream.tokens
