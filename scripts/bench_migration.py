@@ -381,6 +381,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                                  args.start, cuts)
                                 for i, toks in moved["tokens"].items() if i not in same]
         out["tokens_total"] = sum(len(t) for t in moved["tokens"].values())
+        if args.control:  # what run-to-run variation alone gives (batches of other shapes, no move)
+            again = run_daemon(args, model, [], "unmoved-again", seconds, stop_early=False)
+            alike = [i for i, toks in still["tokens"].items() if again["tokens"].get(i) == toks]
+            out["unmoved_runs_identical"] = f"{len(alike)} of {len(still['tokens'])}"
     return out
 
 
@@ -424,6 +428,9 @@ def main() -> None:
                     help="audio per stream (default: enough for the moves; every stream must outlast them)")
     ap.add_argument("--compare", action=argparse.BooleanOptionalAction, default=True,
                     help="when every placement is fp32: also run an unmoved daemon and compare tokens")
+    ap.add_argument("--control", action="store_true",
+                    help="with --compare: run the unmoved daemon twice and say how many streams' tokens the two "
+                         "runs share (batches differ from run to run: what the moves are measured against)")
     ap.add_argument("--batch-wait-ms", type=int, default=2)
     ap.add_argument("--audio", nargs="*", default=[], metavar="FILE",
                     help="audio files (WAV, FLAC, OGG) stream i loops the i %% n-th of (default: tone bursts, which a "
@@ -463,7 +470,9 @@ def main() -> None:
     print(f"{result['streams']} streams at {result['chunk_ms']} ms, {result['workers']} front ends; dropped: "
           f"{result['streams_dropped']}{' ' + str(result['errors']) if result['errors'] else ''}"
           + (f"; tokens identical to the unmoved run: {result['tokens_identical_to_unmoved']}"
-             if "tokens_identical_to_unmoved" in result else ""))
+             if "tokens_identical_to_unmoved" in result else "")
+          + (f"; two unmoved runs identical: {result['unmoved_runs_identical']}" if "unmoved_runs_identical" in result
+             else ""))
     for d in result.get("tokens_differ", []):
         print(f"  stream {d['stream']}: first different token #{d['token']} (of {d['tokens'][0]} moved, "
               f"{d['tokens'][1]} unmoved), in the final at {d['audio_s']} s of its audio, served on {d['served_on']}")

@@ -33,7 +33,8 @@ status=0
 # MIGRATION_DUMP_S (seconds between py-spy dumps of every daemon thread from the first move on, and one
 # when a move gets no answer in MIGRATION_MOVE_TIMEOUT_S, default 300, or the daemon's /livez says its engine
 # stalled (a minute after its last step), which ends the moves; default 20; 0, off),
-# MIGRATION_SEND_MS (audio per client message, 100), MIGRATION_THREAD_CPU (`serve --thread-cpu`: a CPU for the engine thread alone, the clients off it; unset, none).
+# MIGRATION_SEND_MS (audio per client message, 100), MIGRATION_THREAD_CPU (`serve --thread-cpu`: a CPU for the engine thread alone, the clients off it; unset, none),
+# MIGRATION_CONTROL=1 (fp32 levels: the unmoved daemon run twice, to say how many streams' tokens differ between runs with no move).
 migration() {
   python3 -c "import sys; sys.path.insert(0, 'scripts'); from bench_migration import make_model; make_model('/tmp/fcl.pt', 1024)" || return 1
   local w=${MIGRATION_WORKERS:-8}
@@ -47,7 +48,7 @@ migration() {
     [ "$feed" = speech ] && model=(--model streamd/assets/default-model.pt --audio tests/fixtures/real-speech/*.ogg)
     timeout ${MIGRATION_TIMEOUT_S:-540} python3 scripts/bench_migration.py "${model[@]}" --streams "$n" --chunk-ms "$chunk" \
       --workers "$w" --send-ms ${MIGRATION_SEND_MS:-100} --start "cuda:0/$dtype" --moves "$moves" --settle ${MIGRATION_SETTLE_S:-10} --py-spy ${MIGRATION_PY_SPY:-0} \
-      --dump-every ${MIGRATION_DUMP_S:-20} --move-timeout ${MIGRATION_MOVE_TIMEOUT_S:-300} ${MIGRATION_THREAD_CPU:+--thread-cpu $MIGRATION_THREAD_CPU} \
+      --dump-every ${MIGRATION_DUMP_S:-20} --move-timeout ${MIGRATION_MOVE_TIMEOUT_S:-300} ${MIGRATION_THREAD_CPU:+--thread-cpu $MIGRATION_THREAD_CPU} ${MIGRATION_CONTROL:+--control} \
       --out "$OUT/bench_migration-$chunk-$n-$dtype-${moves//[\/,:]/_}${feed:+-$feed}.json" 2>&1 | grep -v -e Warning -e _VF.lstm \
       | tee -a "$OUT/bench_migration.log" || status=1
   done
