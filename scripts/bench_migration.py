@@ -414,7 +414,7 @@ def fmt(x: Any) -> str:
     return "-" if x is None else f"{x:.1f}" if isinstance(x, float) else str(x)
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--streams", type=int, default=16)
     ap.add_argument("--chunk-ms", type=int, default=160, choices=sorted(CHUNK_RC))
@@ -452,7 +452,11 @@ def main() -> None:
     ap.add_argument("--py-spy", type=float, default=0.0,
                     help="seconds of py-spy samples of the daemon (engine and front ends): before the first move "
                          "(at most --settle) and from its admin call on, beside --out (default: 0, off)")
-    args = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout`: the daemon is stopped on the way out
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # thousands of client sockets
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

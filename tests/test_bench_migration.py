@@ -1,5 +1,6 @@
-"""`scripts/bench_migration.py`'s wait for a move: it ends as soon as the daemon says its engine
-stalled (`/livez` 503), not at `--move-timeout` (a hung move held a device call for five minutes)."""
+"""`scripts/bench_migration.py`: its wait for a move ends as soon as the daemon says its engine
+stalled (`/livez` 503), not at `--move-timeout` (a hung move held a device call for five minutes);
+token differences are placed, and set beside a second unmoved run's with --control."""
 from __future__ import annotations
 
 import http.server
@@ -102,3 +103,26 @@ def test_streams_loop_the_audio_files_given_in_turn() -> None:
     assert len(pcm) / 2 / first.rate >= 20.0
     bursts = bench_migration.Feed(seconds=5.0, send_s=0.1)
     assert bursts.audio(1)[0].pcm == bench_migration.Feed(5.0, 0.1).audio(17)[0].pcm  # seed 1 both
+
+
+def test_the_control_run_says_how_many_streams_two_unmoved_runs_share(monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path: Path) -> None:
+    """With --control the unmoved daemon runs twice: the report has the moved run against the
+    first, and the two unmoved runs against each other (what batches alone change)."""
+    runs = {"moved": {0: [1, 2], 1: [3], 2: [4, 4]}, "unmoved": {0: [1, 2], 1: [3], 2: [4, 5]},
+            "unmoved-again": {0: [1, 2], 1: [3, 3], 2: [4, 5]}}
+
+    def run_daemon(args: Any, model: Path, moves: list[str], tag: str, seconds: float, stop_early: bool) -> dict[str, Any]:
+        return {"moves": [], "latency_before_moves": {}, "streams_dropped": 0, "dropped": [], "errors": [],
+                "tokens": runs[tag], "timeline": {i: (0.0, [(1.0, 9)]) for i in runs[tag]}}
+
+    monkeypatch.setattr(bench_migration, "run_daemon", run_daemon)
+    monkeypatch.setattr(bench_migration, "machine", lambda: {})
+    model = tmp_path / "m.pt"
+    model.touch()
+    parsed = bench_migration.parse_args(["--model", str(model), "--start", "cuda:0/fp32", "--moves", "cpu/fp32,cuda:0/fp32"])
+    out = bench_migration.run(parsed)
+    assert out["tokens_identical_to_unmoved"] == "2 of 3" and "unmoved_runs_identical" not in out
+    parsed.control = True
+    out = bench_migration.run(parsed)
+    assert out["tokens_identical_to_unmoved"] == "2 of 3" and out["unmoved_runs_identical"] == "2 of 3"
