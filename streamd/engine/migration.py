@@ -7,9 +7,10 @@
    The slot-state buffers at the target are allocated then too (`stage_cache`), and the
    target's encoder step and decoder are made, with the CUDA graphs of the batch sizes the
    serving ones called in the last `IN_USE_S` seconds, those of the last `HOT_S` first, the
-   encoder's and the decoder's in turn (`prepare_steps`, on a side stream), so that the first steps after the move replay graphs
-   instead of capturing them while every stream waits (capturing every size the warm-up made took 10-50 s a move at thousands of
-   streams on an H200). The captures are spaced out (`Pacer`): serving catches up between them.
+   encoder's and the decoder's in turn (`prepare_steps`, on a side stream), so that the first
+   steps after the move replay graphs instead of capturing them while every stream waits
+   (capturing every size the warm-up made took 10-50 s a move at thousands of streams on an
+   H200). The captures are spaced out (`Pacer`): serving catches up between them.
    They run on one of two capture streams, not the one the serving graphs were captured on
    (`CAPTURE_STREAMS`): a graph's GEMMs keep using the cuBLAS workspace of its capture stream,
    and destroying a graph frees its stream's workspaces. After the cut-over the engine thread
