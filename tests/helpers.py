@@ -11,6 +11,7 @@ import torch
 from conftest import FIXTURES
 from streamd.decoding.greedy import GreedyLabelLooping
 from streamd.engine.recognizer import Recognizer
+from streamd.engine.stream import Stream
 from streamd.model.checkpoint import LoadedModel, load_model
 from streamd.model.dims import ModelDims
 from streamd.model.transducer import Transducer
@@ -125,3 +126,20 @@ def run_streams(m: Transducer, decoder: Any, audios: list[np.ndarray], starts: l
                 del streams[i]
         tick += 1
     return done, modes
+
+
+def stream_through(rec: Recognizer, audio: np.ndarray, rng: np.random.Generator, max_piece: int = 4000) -> Stream:
+    """One stream of `audio` through `rec` alone, in random pieces of up to `max_piece` samples,
+    stepped whenever it is ready, then ended and flushed; returns the finished stream."""
+    s, i = rec.open(), 0
+    while i < audio.size:
+        k = int(rng.integers(1, max_piece))
+        s.push_audio(audio[i: i + k])
+        i += k
+        while s.ready:
+            rec.step([s])
+    s.end()
+    while s.ready:
+        rec.step([s])
+    rec.close(s)
+    return s

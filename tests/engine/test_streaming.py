@@ -8,28 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import fixture_model, greedy, random_model, reference, run_streams, synthetic_audio
+from helpers import fixture_model, greedy, random_model, reference, run_streams, stream_through, synthetic_audio
 from streamd.decode import transcribe_offline
 from streamd.engine.migration import cut_over, placed_copy, stage_cache
 from streamd.engine.placement import move_model
 from streamd.engine.recognizer import Launched, Recognizer
 from streamd.engine.stream import Stream
 from streamd.model.transducer import Transducer
-
-
-def stream_through(rec: Recognizer, audio: np.ndarray, rng: np.random.Generator, max_piece: int = 4000) -> Stream:
-    s, i = rec.open(), 0
-    while i < audio.size:
-        k = int(rng.integers(1, max_piece))
-        s.push_audio(audio[i: i + k])
-        i += k
-        while s.ready:
-            rec.step([s])
-    s.end()
-    while s.ready:
-        rec.step([s])
-    rec.close(s)
-    return s
 
 
 @pytest.mark.parametrize("right", [13, 6, 1, 0])

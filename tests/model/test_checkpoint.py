@@ -8,12 +8,13 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import yaml
 
 from conftest import FIXTURES
-from helpers import fixture_model, random_model, synthetic_audio
+from helpers import fixture_model, random_model, stream_through, synthetic_audio
 from streamd.decode import transcribe_offline
 from streamd.engine.recognizer import Recognizer
 from streamd.model.checkpoint import (UnsupportedCheckpoint, dims_from_nemo_config, load_model,
@@ -152,14 +153,6 @@ def test_a_nemotron_shaped_checkpoint_loads_and_streams_like_offline(tmp_path: P
     rec = Recognizer(m, capacity=1)
     for k, seconds in enumerate((1.3, 3.4)):
         audio = synthetic_audio(seconds, k)
-        stream = rec.open()
-        for i in range(0, audio.size, 2731):
-            stream.push_audio(audio[i: i + 2731])
-            while stream.ready:
-                rec.step([stream])
-        stream.end()
-        while stream.ready:
-            rec.step([stream])
-        rec.close(stream)
+        stream = stream_through(rec, audio, np.random.default_rng(k))
         assert (stream.tokens, stream.times) == transcribe_offline(m, torch.from_numpy(audio))
         assert stream.tokens
