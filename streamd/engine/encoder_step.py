@@ -18,12 +18,13 @@ the first elements of each, viewed as a contiguous tensor of n rows. The channel
 buffer of its own: a step gathers it into the front C frames of the windows, the layers write the
 chunk's frames after them in place, and the windows' last C frames, the next cache, are
 scattered back (a separate input and next cache beside windows in the pool took 2.7x the
-memory: ~16 GB for a 1024-row fp32 part of a FastConformer-L at 1120 ms chunks). All graphs share one private memory pool. Both are safe because buckets never run at
-once and a replay's outputs are copied out before the next replay. Of a bucket's n rows, the b
-real ones are copied in; the padded rows gather a copy of the first real stream's cache and
-keep earlier mel, length and start values (finite: zeros or an earlier real step's). Every
-operation of the encoder is row-wise (per-row masks, per-row attention, channel-wise norms), so
-padded rows never reach real ones, and only real rows are copied back.
+memory: ~16 GB for a 1024-row fp32 part of a FastConformer-L at 1120 ms chunks). All graphs
+share one private memory pool. Both are safe because buckets never run at once and a replay's
+outputs are copied out before the next replay. Of a bucket's n rows, the b real ones are copied
+in; the padded rows gather a copy of the first real stream's cache and keep earlier mel, length
+and start values (finite: zeros or an earlier real step's). Every operation of the encoder is
+row-wise (per-row masks, per-row attention, channel-wise norms), so padded rows never reach real
+ones, and only real rows are copied back.
 
 Validity, as for the decoder (`streamd.decoding.graphs`): graphs are bound to memory addresses.
 Before every call the step compares an `EncoderGraphKey` (device, parameter dtype, data_ptr of
