@@ -1,11 +1,14 @@
 """The encoder step over the batched slot state: eager, or replayed from CUDA graphs per bucket.
 
 `EncoderStep` runs one cache-aware encoder step for the streams whose slots are `rows`: it
-gathers their cache rows, encodes, and writes their next caches back in place.
+gathers their cache rows, encodes, and writes their next state back in place. The slots' channel
+caches are rings (`EncoderCache.head`): of the C cached frames a step writes back only the
+chunk's T (over the oldest), not all C shifted by T (at 160 ms chunks, 2 frames of 70 a layer;
+the copies of the slot state were the largest part of the GPU's step at thousands of streams).
 
 - eager: `ConformerEncoder.streaming_forward` with `rows`, which reads the slots straight into
-  its attention windows and writes them back (on the CPU, when graphs are off, while the model
-  is training, or for a bucket whose capture failed);
+  its attention windows and writes the chunk's frames back (on the CPU, when graphs are off,
+  while the model is training, or for a bucket whose capture failed);
 - graphs: a step of b streams replays the graph captured for its bucket, the smallest bucket
   size >= b (`streamd.buckets.bucket_size`: 1, 2, 4, 8, then `per_octave` sizes per octave, so
   padding stays under 1/per_octave). A replay launches the whole encoder at once: at small and mid batches the
@@ -15,10 +18,10 @@ Static buffers. All buckets share one set of flat buffers (mel, lengths, start, 
 attention windows, time caches in and out, encoder output), sized for `max_batch` at the first
 capture (without one: for the largest bucket so far, grown by doubling); a bucket of n rows uses
 the first elements of each, viewed as a contiguous tensor of n rows. The channel cache has no
-buffer of its own: a step gathers it into the front C frames of the windows, the layers write the
-chunk's frames after them in place, and the windows' last C frames, the next cache, are
-scattered back (a separate input and next cache beside windows in the pool took 2.7x the
-memory: ~16 GB for a 1024-row fp32 part of a FastConformer-L at 1120 ms chunks). All graphs
+buffer of its own: a step gathers the rings into the front C frames of the windows, the layers
+write the chunk's frames after them in place, and those go back into the rings (`write_chunk`;
+a separate input and next cache beside windows in the pool took 2.7x the memory: ~16 GB for a
+1024-row fp32 part of a FastConformer-L at 1120 ms chunks). All graphs
 share one private memory pool. Both are safe because buckets never run at once and a replay's
 outputs are copied out before the next replay. Of a bucket's n rows, the b real ones are copied
 in; the padded rows gather a copy of the first real stream's cache and keep earlier mel, length
@@ -55,7 +58,7 @@ from torch import Tensor
 from streamd import cuda_capture
 from streamd.buckets import DEFAULT_PER_OCTAVE, bucket_size, check_per_octave
 from streamd.graph_keys import Storages, placement_changes
-from streamd.model.encoder import DROP_EXTRA_PRE_ENCODED, ConformerEncoder, EncoderCache, Workspace
+from streamd.model.encoder import DROP_EXTRA_PRE_ENCODED, ConformerEncoder, EncoderCache, Workspace, write_chunk
 
 log = logging.getLogger("streamd.engine")
 
@@ -134,18 +137,18 @@ class _Views:
     lengths: Tensor  # (n,) int64
     start: Tensor  # (n,) int64
     rows: Tensor  # (n,) int64: the gather index (slot of each row)
-    # (L, n, C + T_out, d or 2d): the gathered channel cache in the first C frames; the layers
-    # write the chunk's frames after them, and the last C frames are the next channel cache
+    # (L, n, C + T_out, d or 2d): the gathered rings in the first C frames; the layers write the
+    # chunk's frames after them, which go back into the rings (`write_chunk`)
     windows: Tensor
-    cache: EncoderCache  # the gathered input cache: windows[:, :, :C], (L, n, d, K-1), (n,)
-    out: EncoderCache  # the next cache, same shapes: windows[:, :, T_out:], ...
+    cache: EncoderCache  # the gathered input cache: windows[:, :, :C], (L, n, d, K-1), (n,), heads (n,)
+    out: EncoderCache  # the next time cache, lengths and heads (its channel: windows[:, :, :C], unwritten)
     enc: Tensor  # (n, T_out, d)
     enc_len: Tensor  # (n,) int64
 
 
 class _Static:
     """Flat buffers for up to `capacity` rows; `views(n)` are contiguous views of their fronts
-    (the input and next channel caches: the front and back of the windows)."""
+    (the gathered rings: the front of the windows)."""
 
     def __init__(self, encoder: ConformerEncoder, key: EncoderGraphKey, capacity: int) -> None:
         d, dev, dt = encoder.dims, key.device, key.dtype
@@ -171,6 +174,7 @@ class _Static:
         self.windows = flat("windows", dt)
         self.time_in, self.time_out = flat("time", dt), flat("time", dt)
         self.len_in, self.len_out = flat("row", torch.long), flat("row", torch.long)
+        self.head_in, self.head_out = flat("row", torch.long), flat("row", torch.long)
         self.enc, self.enc_len = flat("enc", dt), flat("row", torch.long)
 
     def views(self, n: int) -> _Views:
@@ -181,9 +185,9 @@ class _Static:
         return _Views(
             _front(self.mel, (n, *sh["mel"])), self.lengths[:n], self.start[:n], self.rows[:n], windows,
             EncoderCache(windows[:, :, :frames - t_out], _front(self.time_in, (layers, n, dm, k)),
-                         self.len_in[:n], self.kv),
-            EncoderCache(windows[:, :, t_out:], _front(self.time_out, (layers, n, dm, k)),
-                         self.len_out[:n], self.kv),
+                         self.len_in[:n], self.kv, self.head_in[:n]),
+            EncoderCache(windows[:, :, :frames - t_out], _front(self.time_out, (layers, n, dm, k)),
+                         self.len_out[:n], self.kv, self.head_out[:n]),
             _front(self.enc, (n, *sh["enc"])), self.enc_len[:n])
 
 
@@ -317,6 +321,8 @@ class EncoderStep:
         """
         b = int(rows.shape[0])
         device = cache.channel.device
+        if cache.head is None:
+            raise ValueError("the slot state's channel caches must be rings (init_cache(ring=True))")
         if device.type != "cpu":
             self._work.release()  # a model moved off the CPU keeps no windows there
         bucket = None
@@ -362,8 +368,13 @@ class EncoderStep:
         torch.index_select(cache.channel, 1, v.rows, out=v.cache.channel)
         torch.index_select(cache.time, 1, v.rows, out=v.cache.time)
         torch.index_select(cache.channel_len, 0, v.rows, out=v.cache.channel_len)
+        assert cache.head is not None and v.cache.head is not None and v.out.head is not None
+        torch.index_select(cache.head, 0, v.rows, out=v.cache.head)
         bucket.graph.replay()
-        _scatter(cache, rows, EncoderCache(v.out.channel[:, :b], v.out.time[:, :b], v.out.channel_len[:b], v.out.kv))
+        write_chunk(cache.channel, rows * v.cache.channel.shape[2], v.cache.head[:b], v.windows[:, :b])
+        cache.time.index_copy_(1, rows, v.out.time[:, :b])
+        cache.channel_len.index_copy_(0, rows, v.out.channel_len[:b])
+        cache.head.index_copy_(0, rows, v.out.head[:b])
         return v.enc[:b].clone(), v.enc_len[:b].clone()
 
     # -- graphs ------------------------------------------------------------------------------
@@ -434,12 +445,6 @@ class EncoderStep:
         self._static = self._pool = None
         if had and self._key is not None and self.backend.supports(self._key.device):
             self.backend.release(self._key.device)
-
-
-def _scatter(cache: EncoderCache, rows: Tensor, nxt: EncoderCache) -> None:
-    cache.channel.index_copy_(1, rows, nxt.channel)
-    cache.time.index_copy_(1, rows, nxt.time)
-    cache.channel_len.index_copy_(0, rows, nxt.channel_len)
 
 
 @contextmanager

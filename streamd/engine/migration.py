@@ -116,7 +116,7 @@ def target_bytes(master: Transducer, dtype: torch.dtype, capacity: int, att_cont
     size = torch.empty((), dtype=dtype).element_size()
     weights = sum(t.numel() * (size if t.is_floating_point() else t.element_size())
                   for t in (*master.parameters(), *master.buffers()))
-    cache = master.encoder.init_cache(capacity, att_context, torch.device("meta"), dtype, kv)
+    cache = master.encoder.init_cache(capacity, att_context, torch.device("meta"), dtype, kv, ring=True)
     state = sum(t.numel() * t.element_size() for t in (getattr(cache, f.name) for f in fields(cache))
                 if isinstance(t, torch.Tensor))
     return weights + state
@@ -208,7 +208,7 @@ def stage_cache(target: Transducer, capacity: int, att_context: tuple[int, int],
     so the cut-over only copies into them. For a FastConformer-L with 256 slots the encoder
     cache is about 0.7 GB in fp32: allocating it inside the pause dominated a move to the CPU."""
     with DEVICE_LOCK:
-        cache = target.encoder.init_cache(capacity, att_context, target.device, target.dtype, kv)
+        cache = target.encoder.init_cache(capacity, att_context, target.device, target.dtype, kv, ring=True)
         _synchronize(target.device)
     return cache
 

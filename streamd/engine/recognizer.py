@@ -252,7 +252,7 @@ class Recognizer:
             staged = None
         if self._cache is None or self._dec is None:
             self._cache = (staged if staged is not None else self.model.encoder.init_cache(
-                self.capacity, self.att_context, device, dtype, self.kv_cache))
+                self.capacity, self.att_context, device, dtype, self.kv_cache, ring=True))
             self._dec = self.search.initial_state(self.capacity)
         elif self._cache.channel.device != device or self._cache.channel.dtype != dtype:
             if staged is not None:
@@ -444,6 +444,8 @@ class Recognizer:
         cache.channel.index_fill_(1, rows, 0.0)
         cache.time.index_fill_(1, rows, 0.0)
         cache.channel_len.index_fill_(0, rows, 0)
+        if cache.head is not None:
+            cache.head.index_fill_(0, rows, 0)
         if self._tail is not None:
             self._tail.index_fill_(0, rows, 0.0)
         dec.index_copy_(rows, self._start_row().expand(int(rows.shape[0])))

@@ -65,31 +65,38 @@ class RelPositionMultiHeadAttention(nn.Module):
         self.pos_bias_u = nn.Parameter(torch.zeros(n_heads, self.d_k))
         self.pos_bias_v = nn.Parameter(torch.zeros(n_heads, self.d_k))
 
-    def forward(self, query: Tensor, keys: Tensor, pos_emb: Tensor, mask: Tensor) -> Tensor:
+    def forward(self, query: Tensor, keys: Tensor, pos_emb: Tensor, mask: Tensor, order: Tensor | None = None
+                ) -> Tensor:
         """Args:
             query: (B, T, d) normalised input of this chunk.
             keys: (B, n, d) = cat(cache, query) along time (n = cache + T).
-            pos_emb: (1, 2n - 1, d); mask: (B, T, n) bool, True = masked.
+            pos_emb: (1, 2n - 1, d); mask: (B, T, n) bool, True = masked (in the keys' order).
+            order: (B, n) int64 the time index of each key, when they are not in time order (a
+                ring cache's): the positional scores are permuted to it. None: time order.
         Returns: (B, T, d)."""
-        return self._attend(query, self.linear_k(keys), self.linear_v(keys), pos_emb, mask)
+        return self._attend(query, self.linear_k(keys), self.linear_v(keys), pos_emb, mask, order)
 
-    def forward_cached(self, query: Tensor, window: Tensor, pos_emb: Tensor, mask: Tensor) -> Tensor:
+    def forward_cached(self, query: Tensor, window: Tensor, pos_emb: Tensor, mask: Tensor,
+                       order: Tensor | None = None) -> Tensor:
         """The same attention with the cached frames already projected: only the query frames go
         through `linear_k` and `linear_v`. Relative positions enter through `linear_pos` and the
         u/v biases, never through the keys, so a frame's key and value do not change as it ages.
 
         Args: window: (B, n, 2d) whose first C = n - T frames hold the cached frames' keys then
-        values; the query's keys and values are written into its last T frames (in place, so the
-        next cache is its last C frames and nothing is concatenated). The rest as `forward`.
+        values (in time order, or a ring's: `order`); the query's keys and values are written
+        into its last T frames (in place: nothing is concatenated). The rest as `forward`.
         Returns: (B, T, d)."""
         t, d = query.shape[1], window.shape[-1] // 2
         new = window[:, window.shape[1] - t:]
         new[..., :d] = self.linear_k(query)
         new[..., d:] = self.linear_v(query)
-        return self._attend(query, window[..., :d], window[..., d:], pos_emb, mask)
+        return self._attend(query, window[..., :d], window[..., d:], pos_emb, mask, order)
 
-    def _attend(self, query: Tensor, keys: Tensor, values: Tensor, pos_emb: Tensor, mask: Tensor) -> Tensor:
-        """Scores and outputs from the query's input and the projected (B, n, d) keys and values."""
+    def _attend(self, query: Tensor, keys: Tensor, values: Tensor, pos_emb: Tensor, mask: Tensor,
+                order: Tensor | None) -> Tensor:
+        """Scores and outputs from the query's input and the projected (B, n, d) keys and values
+        (in time order, or in `order`'s: attention weighs keys and values as a set, so only the
+        positional term, computed by relative distance in time, needs permuting)."""
         b, t, _ = query.shape
         n = keys.shape[1]
         q = self.linear_q(query).view(b, t, self.h, self.d_k)
@@ -102,18 +109,25 @@ class RelPositionMultiHeadAttention(nn.Module):
             # bd as one matmul per head over all streams' queries: (H, B*T, dk) @ (H, dk, 2n-1).
             qv = (q + self.pos_bias_v).permute(2, 0, 1, 3).reshape(self.h, b * t, self.d_k)
             bd = torch.matmul(qv, p.permute(1, 2, 0)).view(self.h, b, t, -1).transpose(0, 1)
-            bias = (rel_shift(bd)[..., :n] * scale).masked_fill(mask.unsqueeze(1), MASKED_SCORE)
+            bias = (_in_order(rel_shift(bd)[..., :n], order) * scale).masked_fill(mask.unsqueeze(1), MASKED_SCORE)
             out = nn.functional.scaled_dot_product_attention((q + self.pos_bias_u).transpose(1, 2), k, v,
                                                              attn_mask=bias, scale=scale)
             out = out.masked_fill(mask.all(-1)[:, None, :, None], 0.0)  # fully masked rows give 0
         else:
             ac = torch.matmul((q + self.pos_bias_u).transpose(1, 2), k.transpose(-2, -1))  # (B, H, T, n)
             bd = torch.matmul((q + self.pos_bias_v).transpose(1, 2), p.permute(1, 2, 0).unsqueeze(0))  # (B, H, T, 2n-1)
-            scores = (ac + rel_shift(bd)[..., :n]) / math.sqrt(self.d_k)
+            scores = (ac + _in_order(rel_shift(bd)[..., :n], order)) / math.sqrt(self.d_k)
             m = mask.unsqueeze(1)
             attn = torch.softmax(scores.masked_fill(m, MASKED_SCORE), dim=-1).masked_fill(m, 0.0)
             out = torch.matmul(attn, v)
         return self.linear_out(out.transpose(1, 2).reshape(b, t, self.h * self.d_k))
+
+
+def _in_order(scores: Tensor, order: Tensor | None) -> Tensor:
+    """(B, H, T, n) scores over keys in time order, permuted to keys in `order` (B, n)."""
+    if order is None:
+        return scores
+    return scores.gather(-1, order[:, None, None, :].expand(scores.shape))
 
 
 def rel_shift(x: Tensor) -> Tensor:

@@ -79,22 +79,23 @@ class ConformerLayer(nn.Module):
         self.norm_out = nn.LayerNorm(d)
 
     def forward(self, x: Tensor, pos_emb: Tensor, att_mask: Tensor, pad_mask: Tensor,
-                window: Tensor | None, cache_time: Tensor | None, kv: bool = False
-                ) -> tuple[Tensor, Tensor | None]:
+                window: Tensor | None, cache_time: Tensor | None, kv: bool = False,
+                order: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """x: (B, T, d); window: (B, C + T, w) whose first C frames hold what the attention keeps
         of earlier frames: their normalised inputs (w = d) or, with `kv`, their keys then values
-        (w = 2d); this chunk's own are written into its last T frames, in place, so the window's
-        last C frames are the next cache. cache_time: (B, d, K-1). Returns x and the next time
-        cache (None without caches)."""
+        (w = 2d); this chunk's own are written into its last T frames, in place.
+        cache_time: (B, d, K-1). order: (B, C + T) the time index of each window frame when the
+        cached ones are a ring (`encoder.ring_order`; None: time order, and the window's last C
+        frames are the next cache). Returns x and the next time cache (None without caches)."""
         x = x + 0.5 * self.feed_forward1(self.norm_feed_forward1(x))
         xn = self.norm_self_att(x)
         if window is None:
             att = self.self_attn(xn, xn, pos_emb, att_mask)
         elif kv:
-            att = self.self_attn.forward_cached(xn, window, pos_emb, att_mask)
+            att = self.self_attn.forward_cached(xn, window, pos_emb, att_mask, order)
         else:
             window[:, window.shape[1] - xn.shape[1]:] = xn
-            att = self.self_attn(xn, window, pos_emb, att_mask)
+            att = self.self_attn(xn, window, pos_emb, att_mask, order)
         x = x + att
         conv, next_time = self.conv(self.norm_conv(x), pad_mask, cache_time)
         x = x + conv

@@ -18,32 +18,62 @@ DROP_EXTRA_PRE_ENCODED = 2
 
 @dataclass
 class EncoderCache:
-    """Per-stream encoder state, batch on dim 1 (dim 0 for `channel_len`).
+    """Per-stream encoder state, batch on dim 1 (dim 0 for `channel_len` and `head`).
 
-    channel: what the attention keeps of the last C frames, right-aligned, in one of two layouts:
+    channel: what the attention keeps of the last C frames, in one of two layouts:
         (L, B, C, d) their normalised attention inputs (NeMo's `cache_last_channel`; `kv` False),
         or (L, B, C, 2d) their projected keys then values (`kv` True): a step then projects only
         its new frames (the serving layout).
     time: (L, B, d, K-1) depthwise-conv inputs of the last K-1 frames.
     channel_len: (B,) int64 valid frames in `channel` (saturates at C).
+    head: None: `channel` is in time order, right-aligned (NeMo's layout; a batch of streams
+        stepped on its own). Else (B,) int64: `channel` is a ring, row b's oldest frame at
+        head[b] and the rest after it, wrapping (slot storage: a step writes only its chunk's
+        frames back, over the oldest, instead of all C; the attention takes the keys in ring
+        order, its positional scores and mask permuted to match).
     """
 
     channel: Tensor
     time: Tensor
     channel_len: Tensor
     kv: bool = False
+    head: Tensor | None = None
 
     def to(self, device: torch.device, dtype: torch.dtype) -> EncoderCache:
         return EncoderCache(self.channel.to(device, dtype), self.time.to(device, dtype),
-                            self.channel_len.to(device), self.kv)
+                            self.channel_len.to(device), self.kv,
+                            None if self.head is None else self.head.to(device))
 
     def copy_(self, src: EncoderCache) -> None:
         """Copy `src` (same layout and shapes, any device and dtype) into these buffers."""
-        if src.kv != self.kv:
-            raise ValueError("cannot copy between the key/value and the input cache layouts")
+        if src.kv != self.kv or (src.head is None) != (self.head is None):
+            raise ValueError("cannot copy between cache layouts (key/value or input, ring or time order)")
         self.channel.copy_(src.channel)
         self.time.copy_(src.time)
         self.channel_len.copy_(src.channel_len)
+        if self.head is not None and src.head is not None:
+            self.head.copy_(src.head)
+
+
+def ring_order(head: Tensor, c: int, t: int) -> Tensor:
+    """(B, C + T) int64: the time index of each frame of a window whose first C frames are a
+    ring with its oldest frame at `head` (B,), and whose last T are the chunk's (in time order):
+    what the attention's scores and mask, computed in time order, are permuted by."""
+    r = torch.arange(c + t, device=head.device)
+    return torch.cat([(r[:c] - head[:, None]) % c, r[c:].expand(head.shape[0], t)], dim=1)
+
+
+def write_chunk(channel: Tensor, base: Tensor, head: Tensor, windows: Tensor) -> None:
+    """Write the chunk's frames of `windows` (L, B, C + T, w), its last T, into the rings of
+    `channel` (L, S, C, w): row b's ring starts at frame base[b] of the flattened (L, S * C, w)
+    view and its oldest frame is at head[b] (before this step); frame k of the chunk replaces
+    the oldest but k, at (head + k) % C (of more than C new frames, the last C)."""
+    n_layers, slots, c, w = channel.shape
+    t = windows.shape[2] - c
+    first = max(0, t - c)
+    k = torch.arange(first, t, device=head.device)
+    at = (base[:, None] + (head[:, None] + k) % c).reshape(-1)
+    channel.view(n_layers, slots * c, w).index_copy_(1, at, windows[:, :, c + first:].reshape(n_layers, -1, w))
 
 
 class Workspace:
@@ -82,15 +112,18 @@ class ConformerEncoder(nn.Module):
         self.layers = nn.ModuleList(ConformerLayer(dims) for _ in range(dims.n_layers))
 
     def init_cache(self, batch: int, att_context: tuple[int, int], device: torch.device | str,
-                   dtype: torch.dtype, kv: bool = True) -> EncoderCache:
+                   dtype: torch.dtype, kv: bool = True, ring: bool = False) -> EncoderCache:
         """Empty state for `batch` streams: C = the left context (att_context[0]) cached frames,
-        as keys and values (`kv`, the default) or as NeMo's normalised inputs (see `EncoderCache`)."""
+        as keys and values (`kv`, the default) or as NeMo's normalised inputs, in time order or
+        as rings (`ring`: slot storage, for `streaming_forward`'s `rows` and `windows`; see
+        `EncoderCache`)."""
         d = self.dims
         return EncoderCache(
             torch.zeros(d.n_layers, batch, att_context[0], d.d_model * (2 if kv else 1), device=device, dtype=dtype),
             torch.zeros(d.n_layers, batch, d.d_model, d.conv_kernel - 1, device=device, dtype=dtype),
             torch.zeros(batch, dtype=torch.long, device=device),
             kv,
+            torch.zeros(batch, dtype=torch.long, device=device) if ring else None,
         )
 
     def forward(self, mel: Tensor, lengths: Tensor, att_context: tuple[int, int]) -> tuple[Tensor, Tensor]:
@@ -112,12 +145,16 @@ class ConformerEncoder(nn.Module):
         """One cache-aware step.
 
         Each layer attends over a window of (C + T) frames: the C cached ones, then this chunk's
-        T, which the layer writes in place, so the window's last C frames are the next cache.
+        T, which the layer writes in place. In time order (a batch of streams on its own) the
+        window's last C frames are the next cache. Slot storage keeps rings (`EncoderCache.head`):
+        the window's first C frames are the ring as stored, the scores and mask are permuted to
+        it (`ring_order`), and only the chunk's frames go back, over the oldest (`write_chunk`).
 
         Args:
             mel: (B, n_mels, T_in): the previous step's last 9 mel frames then the new ones.
             lengths: (B,) valid mel frames of each row (from the start of the window).
-            cache: the state returned by the previous step (or `init_cache`, same `att_context`).
+            cache: the state returned by the previous step (or `init_cache`, same `att_context`):
+                in time order, or, with `rows` or `windows`, rings (`init_cache(ring=True)`).
             att_context: the [left, right] attention context, one the model was trained for.
             drop_extra: subsampled frames to drop at the front (2; NeMo's first chunk uses 0).
             start: (B,) mel frames at the front that do not exist yet (16 on a stream's first
@@ -125,35 +162,44 @@ class ConformerEncoder(nn.Module):
                 padding of the offline pass. None = all exist.
             full: the caller knows that every row is complete (start all 0, lengths all T_in),
                 which spares the subsampling's masking.
-            out: buffers (same layout and shapes as `cache`, not overlapping it) to write the
-                next cache into; returned as the next cache. None = fresh tensors (the channel
-                cache then a view of the windows).
             rows: (B,) int64: `cache` holds many streams' slots (batch S) and row b is slot
                 rows[b]; the step reads those slots straight into the windows and writes their
-                next state back into them, in place (`cache` is returned, `out` is not used).
+                next state back into them, in place (`cache` is returned).
             work: with `rows`, buffers reused across calls for the windows (`Workspace`).
             windows: with `out`: the caller's (L, B, C + T_out, d or 2d) windows, whose first C
-                frames are `cache.channel` (gathered there by the caller) and whose last C frames
-                are `out.channel`: the layers work in them in place and no channel cache is
-                copied (a CUDA graph's static buffers: one window buffer, not an input and an
-                output cache beside windows in the graph's pool).
-        Returns: (B, T_out, d), (B,) valid output frames, the next cache.
+                frames are the rows' rings, gathered there by the caller with their heads in
+                `cache.head` (a CUDA graph's static buffers). The layers write the chunk's
+                frames after them; `out`'s time, channel_len and head receive the next ones (its
+                channel is not written: the caller puts the chunk's frames into its rings with
+                `write_chunk`, and nothing else of a ring changes).
+        Returns: (B, T_out, d), (B,) valid output frames, the next cache (with `windows`: `out`).
         """
         x, lengths = self.pre_encode(mel.to(self._dtype), lengths, start, full)
         if drop_extra:
             x = x[:, drop_extra:]
             lengths = (lengths - drop_extra).clamp(min=0)
         c, t = att_context[0], x.shape[1]
-        channel_len = cache.channel_len if rows is None else cache.channel_len.index_select(0, rows)
+        if (rows is not None or windows is not None) != (cache.head is not None):
+            raise ValueError("rows= and windows= step slot storage, rings (init_cache(ring=True)); "
+                             "a cache in time order is stepped on its own")
+        channel_len, head = cache.channel_len, cache.head
+        if rows is not None:
+            channel_len = channel_len.index_select(0, rows)
+            head = head.index_select(0, rows) if head is not None else None
         x, pos = self.pos_enc(x, c + t)
         pad_mask, att_mask = self._masks(c + t, lengths + c, c - channel_len, att_context)
         pad_mask, att_mask = pad_mask[:, c:], att_mask[:, c:]
+        order = None
+        if head is not None:
+            order = ring_order(head, c, t)
+            att_mask = att_mask.gather(2, order[:, None].expand(att_mask.shape))
         shape = (cache.channel.shape[0], x.shape[0], c + t, cache.channel.shape[-1])
-        in_place = windows is not None
         if windows is not None:
-            if out is None or rows is not None or tuple(windows.shape) != shape:
-                raise ValueError(f"windows {tuple(windows.shape)} go with `out`, without `rows`, shaped {shape}")
+            if out is None or out.head is None or rows is not None or tuple(windows.shape) != shape:
+                raise ValueError(f"windows {tuple(windows.shape)} go with ring `out`, without `rows`, shaped {shape}")
             time = cache.time
+        elif out is not None:
+            raise ValueError("`out` goes with `windows`")
         elif rows is None:
             windows = cache.channel.new_empty(shape)
             windows[:, :, :c] = cache.channel
@@ -164,22 +210,23 @@ class ConformerEncoder(nn.Module):
             time = cache.time.index_select(1, rows)
         times = []
         for i, layer in enumerate(self.layers):
-            x, tm = layer(x, pos, att_mask, pad_mask, windows[i], time[i], cache.kv)
+            x, tm = layer(x, pos, att_mask, pad_mask, windows[i], time[i], cache.kv, order)
             times.append(tm)
         channel_len = (channel_len + t).clamp(max=c)
-        if rows is not None:
-            cache.channel.index_copy_(1, rows, windows[:, :, t:])
+        if head is None:
+            return x, lengths, EncoderCache(windows[:, :, t:], torch.stack(times), channel_len, cache.kv)
+        if rows is not None and cache.head is not None:
+            write_chunk(cache.channel, rows * c, head, windows)
             cache.time.index_copy_(1, rows, torch.stack(times))
             cache.channel_len.index_copy_(0, rows, channel_len)
+            cache.head.index_copy_(0, rows, (head + t) % c)
             return x, lengths, cache
-        if out is None:
-            return x, lengths, EncoderCache(windows[:, :, t:], torch.stack(times), channel_len, cache.kv)
+        assert out is not None and out.head is not None
         if out.kv != cache.kv:
             raise ValueError("the out buffers' cache layout differs from the cache's")
-        if not in_place:
-            out.channel.copy_(windows[:, :, t:])
         torch.stack(times, out=out.time)
         out.channel_len.copy_(channel_len)
+        out.head.copy_((head + t) % c)
         return x, lengths, out
 
     @property

@@ -17,7 +17,7 @@ from streamd.buckets import bucket_size
 from streamd.engine.encoder_step import EAGER, GRAPHS, EncoderGraphBackend, EncoderGraphKey, EncoderStep
 from streamd.engine.recognizer import Recognizer
 from streamd.engine.types import ChunkGeometry
-from streamd.model.encoder import EncoderCache
+from streamd.model.encoder import EncoderCache, write_chunk
 from streamd.model.transducer import Transducer
 
 CONTEXT = ((16, 3),)
@@ -35,6 +35,8 @@ class FakeGraph:
             for t in (v.mel, v.cache.channel.transpose(0, 1), v.cache.time.transpose(0, 1)):
                 t[p:] = float("nan")
             v.lengths[p:], v.start[p:], v.cache.channel_len[p:] = 7, 8, 3
+            if v.cache.head is not None:
+                v.cache.head[p:] = 5
         self.fn()
 
 
@@ -95,7 +97,7 @@ def simulate(steps: list[EncoderStep], m: Transducer, slots: int, chunks: int, s
     of them. Returns each one's outputs per chunk and its final slot state."""
     rng = np.random.default_rng(seed)
     layouts = kv if isinstance(kv, list) else [kv] * len(steps)
-    caches = [m.encoder.init_cache(slots, CONTEXT[0], m.device, m.dtype, kv=k) for k in layouts]
+    caches = [m.encoder.init_cache(slots, CONTEXT[0], m.device, m.dtype, kv=k, ring=True) for k in layouts]
     outs: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in steps]
     for chunk in range(chunks):
         if between is not None:
@@ -262,7 +264,7 @@ def test_outputs_are_fresh_tensors() -> None:
     m = model()
     step = graph_step(m)
     rng = np.random.default_rng(0)
-    cache = m.encoder.init_cache(4, CONTEXT[0], m.device, m.dtype)
+    cache = m.encoder.init_cache(4, CONTEXT[0], m.device, m.dtype, ring=True)
     enc, enc_len = step(cache, torch.tensor([2, 0, 3]), *inputs(m, 3, rng), att_context=CONTEXT[0])
     static = step._static
     assert enc.shape == (3, 4, m.dims.d_model) and enc_len.shape == (3,)
@@ -347,7 +349,7 @@ def test_the_calls_attention_context_is_part_of_the_key() -> None:
     rng = np.random.default_rng(9)
     rows = torch.tensor([2, 0, 3])
     for context in ((16, 3), (8, 1), (16, 3)):
-        caches = [m.encoder.init_cache(4, context, m.device, m.dtype) for _ in range(2)]
+        caches = [m.encoder.init_cache(4, context, m.device, m.dtype, ring=True) for _ in range(2)]
         w = ChunkGeometry.of(m.dims, context[1]).window
         mel = torch.from_numpy(rng.standard_normal((3, m.dims.features.n_mels, w)).astype(np.float32))
         lengths, start = torch.full((3,), w), torch.zeros(3, dtype=torch.long)
@@ -373,7 +375,7 @@ def test_failed_capture_runs_that_bucket_eagerly_until_the_key_changes(caplog: p
     assert_same(got, got)
     assert be.captures == [4] and graphs.buckets == [4] and graphs.fallbacks == 1
     assert len(reasons) == 1 and "capture failed for batch 8" in reasons[0] and "capture failed" in caplog.text
-    graphs(m.encoder.init_cache(8, CONTEXT[0], m.device, m.dtype), torch.arange(6),
+    graphs(m.encoder.init_cache(8, CONTEXT[0], m.device, m.dtype, ring=True), torch.arange(6),
            *inputs(m, 6, np.random.default_rng(0)), att_context=CONTEXT[0])
     assert graphs.mode == EAGER and graphs.fallbacks == 1  # not tried again
     m.to(torch.float64)
@@ -402,7 +404,7 @@ def test_a_callers_inference_mode_and_autocast_do_not_reach_the_buffers() -> Non
     m = model()
     step = graph_step(m)
     rng = np.random.default_rng(8)
-    cache = m.encoder.init_cache(4, CONTEXT[0], m.device, m.dtype)
+    cache = m.encoder.init_cache(4, CONTEXT[0], m.device, m.dtype, ring=True)
     with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
         step(cache, torch.tensor([0, 1]), *inputs(m, 2, rng), att_context=CONTEXT[0])
     static = step._static
@@ -420,35 +422,88 @@ def test_recognizer_makes_an_encoder_step_per_model() -> None:
     assert [s.encoder for s in made] == [m.encoder, target.encoder] and rec.encoder_step is made[1]
 
 
-def test_a_step_in_the_callers_windows_equals_one_into_out_buffers() -> None:
-    """`streaming_forward(..., windows=)`, how a graph runs: the cache gathered into the windows'
-    first C frames, the next cache their last C frames, nothing copied; the same outputs and next
-    cache as into separate out buffers. Windows of the wrong shape, or without `out`, are refused."""
+@pytest.mark.parametrize("kv", [True, False])
+@pytest.mark.parametrize("fused", [False, True])
+def test_rings_give_the_outputs_and_caches_of_time_order(kv: bool, fused: bool) -> None:
+    """Slot storage keeps each channel cache as a ring and writes back only a step's chunk: over
+    many steps (the rings wrap again and again, streams start at different steps, so their heads
+    differ), each stream's outputs equal those of the same stream stepped on its own in time
+    order (NeMo's layout), and its ring read from its head is the time-order cache. Both cache
+    layouts, both attention paths (the fused one is CUDA's)."""
+    m = model()
+    c, slots = CONTEXT[0][0], 3
+    rng = np.random.default_rng(4)
+    ring = m.encoder.init_cache(slots, CONTEXT[0], m.device, m.dtype, kv=kv, ring=True)
+    alone = [m.encoder.init_cache(1, CONTEXT[0], m.device, m.dtype, kv=kv) for _ in range(slots)]
+    for layer in m.encoder.layers:
+        layer.self_attn.fused = fused
+    try:
+        with torch.no_grad():
+            for step in range(11):
+                rows = [r for r in range(slots) if step >= 2 * r]  # slot r joins at step 2r
+                mel, lengths, start, _ = inputs(m, len(rows), rng, ragged=False)
+                x, x_len, _ = m.encoder.streaming_forward(mel, lengths, ring, CONTEXT[0], start=start,
+                                                          rows=torch.tensor(rows))
+                for i, r in enumerate(rows):
+                    y, y_len, alone[r] = m.encoder.streaming_forward(mel[i:i + 1], lengths[i:i + 1], alone[r],
+                                                                     CONTEXT[0], start=start[i:i + 1])
+                    assert torch.equal(x_len[i:i + 1], y_len)
+                    torch.testing.assert_close(x[i:i + 1], y, rtol=1e-5, atol=1e-5)
+    finally:
+        for layer in m.encoder.layers:
+            layer.self_attn.fused = None
+    assert ring.head is not None and ring.head.tolist() == [(11 - 2 * r) * 4 % c for r in range(slots)]
+    assert len(set(ring.head.tolist())) > 1  # the rings are not all aligned
+    for r in range(slots):
+        in_time = torch.roll(ring.channel[:, r], -int(ring.head[r]), dims=1)
+        torch.testing.assert_close(in_time, alone[r].channel[:, 0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(ring.time[:, r], alone[r].time[:, 0], rtol=1e-5, atol=1e-5)
+        assert int(ring.channel_len[r]) == int(alone[r].channel_len[0])
+
+
+def test_a_step_in_the_callers_windows_equals_the_eager_slot_step() -> None:
+    """`streaming_forward(..., windows=)`, how a graph runs: the rings gathered into the windows'
+    first C frames with their heads, the next time caches, lengths and heads into `out`, and the
+    chunk's frames written back into the rings by `write_chunk`: the same outputs and slot state,
+    exactly, as the eager step over the slots. Windows of the wrong shape, windows without `out`,
+    and slots in time order are refused."""
     m = model()
     rng = np.random.default_rng(11)
     c = CONTEXT[0][0]
-    cache = m.encoder.init_cache(3, CONTEXT[0], m.device, m.dtype)
-    mel, lengths, start, _ = inputs(m, 3, rng)
+    cache = m.encoder.init_cache(3, CONTEXT[0], m.device, m.dtype, ring=True)
+    rows = torch.tensor([2, 0])
     with torch.no_grad():
-        for _ in range(3):  # a cache with something in it
-            m.encoder.streaming_forward(*inputs(m, 3, rng, ragged=False)[:2], cache, CONTEXT[0],
-                                        rows=torch.arange(3))
-        out = EncoderCache(torch.empty_like(cache.channel), torch.empty_like(cache.time),
-                           torch.empty_like(cache.channel_len), cache.kv)
-        x, x_len, _ = m.encoder.streaming_forward(mel, lengths, cache, CONTEXT[0], start=start, out=out)
+        for _ in range(3):  # something in the rings, and heads off zero
+            m.encoder.streaming_forward(*inputs(m, 3, rng, ragged=False)[:2], cache, CONTEXT[0], rows=torch.arange(3))
+        mel, lengths, start, _ = inputs(m, 2, rng)
+        mine = EncoderCache(cache.channel.clone(), cache.time.clone(), cache.channel_len.clone(), cache.kv,
+                            cache.head.clone() if cache.head is not None else None)
+        x, x_len, _ = m.encoder.streaming_forward(mel, lengths, cache, CONTEXT[0], start=start, rows=rows)
         t = x.shape[1]
-        windows = torch.full((cache.channel.shape[0], 3, c + t, cache.channel.shape[-1]), float("nan"))
-        windows[:, :, :c] = cache.channel
-        mine = EncoderCache(windows[:, :, t:], torch.empty_like(cache.time), torch.empty_like(cache.channel_len),
-                            cache.kv)
-        given = EncoderCache(windows[:, :, :c], cache.time, cache.channel_len, cache.kv)
-        y, y_len, nxt = m.encoder.streaming_forward(mel, lengths, given, CONTEXT[0], start=start, out=mine,
+        assert mine.head is not None and int(mine.head[0]) != 0
+        windows = torch.full((cache.channel.shape[0], 2, c + t, cache.channel.shape[-1]), float("nan"))
+        windows[:, :, :c] = mine.channel[:, rows]
+        given = EncoderCache(windows[:, :, :c], mine.time[:, rows], mine.channel_len[rows], mine.kv, mine.head[rows])
+        out = EncoderCache(windows[:, :, :c], torch.empty_like(given.time), torch.empty_like(given.channel_len),
+                           mine.kv, torch.empty_like(rows))
+        y, y_len, nxt = m.encoder.streaming_forward(mel, lengths, given, CONTEXT[0], start=start, out=out,
                                                     windows=windows)
-        assert nxt is mine and torch.equal(x_len, y_len)
+        assert nxt is out and out.head is not None and given.head is not None
+        write_chunk(mine.channel, rows * c, given.head, windows)
+        mine.time.index_copy_(1, rows, out.time)
+        mine.channel_len.index_copy_(0, rows, out.channel_len)
+        mine.head.index_copy_(0, rows, out.head)
+        assert torch.equal(x_len, y_len)
         torch.testing.assert_close(y, x, rtol=0, atol=0)
-        for a, b in ((nxt.channel, out.channel), (nxt.time, out.time), (nxt.channel_len, out.channel_len)):
+        for a, b in ((mine.channel, cache.channel), (mine.time, cache.time), (mine.channel_len, cache.channel_len),
+                     (mine.head, cache.head)):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
         with pytest.raises(ValueError, match="windows"):
-            m.encoder.streaming_forward(mel, lengths, given, CONTEXT[0], start=start, out=mine, windows=windows[:, :2])
+            m.encoder.streaming_forward(mel, lengths, given, CONTEXT[0], start=start, out=out, windows=windows[:, :1])
         with pytest.raises(ValueError, match="windows"):
             m.encoder.streaming_forward(mel, lengths, given, CONTEXT[0], start=start, windows=windows)
+        in_time = m.encoder.init_cache(3, CONTEXT[0], m.device, m.dtype)
+        with pytest.raises(ValueError, match="rings"):
+            m.encoder.streaming_forward(mel, lengths, in_time, CONTEXT[0], start=start, rows=rows)
+        with pytest.raises(ValueError, match="rings"):
+            EncoderStep(m.encoder, EAGER)(in_time, rows, mel, lengths, start, att_context=CONTEXT[0])

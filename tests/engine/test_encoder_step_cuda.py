@@ -186,7 +186,7 @@ def test_the_eager_step_keeps_its_windows_only_on_a_cpu() -> None:
     step, rng, held = EncoderStep(m.encoder, EAGER), np.random.default_rng(5), []
     for device in ("cpu", "cuda", "cpu"):
         m.to(device)
-        cache = m.encoder.init_cache(4, CONTEXT[0], m.device, m.dtype)
+        cache = m.encoder.init_cache(4, CONTEXT[0], m.device, m.dtype, ring=True)
         mel, lengths, start, full = inputs(m, 4, rng)
         step(cache, torch.arange(4, device=m.device), mel, lengths, start, full, att_context=CONTEXT[0])
         held.append(step._work._buf is not None)
@@ -211,7 +211,7 @@ def test_recaptures_give_memory_back() -> None:
     reserved = []
     for i in range(6):
         m.to(torch.bfloat16 if i % 2 else torch.float32)
-        cache = m.encoder.init_cache(256, CONTEXT[0], m.device, m.dtype)
+        cache = m.encoder.init_cache(256, CONTEXT[0], m.device, m.dtype, ring=True)
         step(cache, torch.arange(256, device="cuda"), *inputs(m, 256, rng), att_context=CONTEXT[0])
         del cache
         torch.cuda.synchronize()

@@ -51,7 +51,7 @@ def test_a_failed_encoder_capture_does_not_poison_the_next() -> None:
     reasons: list[str] = []
     step = EncoderStep(m.encoder, GRAPHS, max_batch=64, backend=FailsOnce(), on_fallback=reasons.append)
     rng = np.random.default_rng(0)
-    cache = m.encoder.init_cache(64, CONTEXT[0], m.device, m.dtype)
+    cache = m.encoder.init_cache(64, CONTEXT[0], m.device, m.dtype, ring=True)
     for b in (64, 16, 4, 1):  # one pool: the first capture fails, the others go into the same pool
         step(cache, torch.arange(b, device="cuda"), *inputs(m, b, rng), att_context=CONTEXT[0])
     assert len(reasons) == 1 and step.fallbacks == 1, reasons

@@ -240,9 +240,9 @@ def test_each_move_captures_on_another_stream_than_the_serving_graphs_came_from(
 def test_target_bytes_are_what_the_target_allocates(kv: bool) -> None:
     master = random_model(seed=2, att_context_sizes=CONTEXT)
     target = copy.deepcopy(master).to(torch.bfloat16)
-    cache = target.encoder.init_cache(SLOTS, CONTEXT[0], "cpu", torch.bfloat16, kv)
+    cache = target.encoder.init_cache(SLOTS, CONTEXT[0], "cpu", torch.bfloat16, kv, ring=True)
     held = sum(t.numel() * t.element_size() for t in (*target.parameters(), *target.buffers()))
-    held += sum(t.numel() * t.element_size() for t in (cache.channel, cache.time, cache.channel_len))
+    held += sum(t.numel() * t.element_size() for t in (cache.channel, cache.time, cache.channel_len, cache.head))
     assert migration.target_bytes(master, torch.bfloat16, SLOTS, CONTEXT[0], kv) == held
 
 
