@@ -65,6 +65,7 @@ log = logging.getLogger("streamd.engine")
 GRAPHS, EAGER = "graphs", "eager"
 REQUESTS = ("auto", GRAPHS, EAGER)
 MIN_STATIC_ROWS = 64  # the static buffers' first size: small batches then never regrow them
+HELD = "a move is being prepared: batch sizes without a graph run eagerly until its cut-over"
 FallbackObserver = Callable[[str], None]  # (reason)
 
 
@@ -242,6 +243,10 @@ class EncoderStep:
         self.last_rebuild_reason = ""
         self.last_capture_ms = 0.0
         self.fallback_reason: str | None = None
+        # True while a move is prepared: a batch size without a graph runs eagerly instead of
+        # capturing one on the engine thread (a capture holds every stream's results for 0.1-0.4 s,
+        # and this step's graphs go at the cut-over); set and cleared by `engine.migration`
+        self.hold_captures = False
 
     # -- public ------------------------------------------------------------------------------
     @property
@@ -336,7 +341,7 @@ class EncoderStep:
             self.used_at[bucket_size(b, self.per_octave)] = time.monotonic()
             bucket = self._bucket(self.current_key(mel, att_context, cache.kv), b)
             if bucket is None:
-                self._why_eager = self._failed.get(bucket_size(b, self.per_octave), "")
+                self._why_eager = self._failed.get(bucket_size(b, self.per_octave), HELD if self.hold_captures else "")
         if bucket is None:
             self._mode = EAGER
             return self._eager(cache, rows, mel, lengths, start, full, att_context)
@@ -390,6 +395,8 @@ class EncoderStep:
         if size in self._failed:
             return None
         bucket = self._buckets.get(size)
+        if bucket is None and self.hold_captures:
+            return None
         return bucket if bucket is not None else self._capture(key, size)
 
     def _capture(self, key: EncoderGraphKey, size: int) -> _Bucket | None:

@@ -379,6 +379,7 @@ async def migrate(engine: Host, master: Transducer, device: torch.device | None,
     are open at the cut-over, returns once the first step after it has delivered its results (at
     most `GAP_WAIT_S` later): the report has the serving gap."""
     rec = engine.recognizer
+    held = rec.encoder_step  # the source's: no new graphs on the engine thread while the target prepares
     source = placement(rec.model)
     report = MigrationReport(False, source, source, 0.0, 0.0, rec.active, at=time.time())
     failed_before = engine.streams_failed
@@ -390,6 +391,7 @@ async def migrate(engine: Host, master: Transducer, device: torch.device | None,
             report.ok, report.moved = True, False
             return report
         t0 = time.perf_counter()
+        held.hold_captures = True
         guard = MemoryGuard(dev)
         need = target_bytes(master, dt, rec.capacity, rec.att_context, rec.kv_cache)
         await _prepare(guard.require, need, "the model and its stream state")
@@ -420,6 +422,8 @@ async def migrate(engine: Host, master: Transducer, device: torch.device | None,
         report.error = str(e) if isinstance(e, (ValueError, MigrationFailed)) else f"{type(e).__name__}: {e}"
         report.streams_failed = engine.streams_failed - failed_before
         return report
+    finally:
+        held.hold_captures = False
     if landed is not None:
         try:
             after, ready = await asyncio.wait_for(asyncio.wrap_future(landed), GAP_WAIT_S)

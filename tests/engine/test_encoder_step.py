@@ -184,6 +184,25 @@ def test_nothing_before_the_first_call_then_one_capture_per_bucket() -> None:
     assert step.rebuilds == 1 and step.last_rebuild_reason == "first call"
 
 
+def test_while_held_a_size_without_a_graph_runs_eagerly_and_the_rest_replay() -> None:
+    """While a move is prepared (`hold_captures`) the step captures nothing: a batch size with a
+    graph replays it, one without runs eagerly (the same outputs) and says why; once the hold
+    ends, the next call of that size captures it."""
+    m, be = model(), FakeBackend()
+    step = graph_step(m, be)
+    eager = EncoderStep(m.encoder, EAGER)
+
+    def held(chunk: int) -> None:  # before each chunk's step
+        if chunk == 4:  # chunk 3 ran held
+            assert step.mode == EAGER and "a move is being prepared" in step.eager_reason
+        step.hold_captures = 2 <= chunk < 4
+
+    got = simulate([step, eager], m, slots=12, chunks=5, seed=0, sizes=(8, 8, 8, 12, 12), between=held)
+    assert_same(got, got)
+    assert be.captures == [8, 12] and be.replays == 4  # size 12: eager at chunk 3, captured at chunk 4
+    assert step.mode == GRAPHS and step.eager_reason == ""
+
+
 @pytest.mark.parametrize("kv", [True, False], ids=["kv_cache", "input_cache"])
 @pytest.mark.parametrize("per_octave", [1, 8])
 def test_fake_graphs_equal_eager_with_ragged_windows_and_random_rows(per_octave: int, kv: bool) -> None:

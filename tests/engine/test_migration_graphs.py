@@ -168,8 +168,11 @@ def test_a_failed_cut_over_keeps_the_sources_graphs(monkeypatch: pytest.MonkeyPa
             source = rec.encoder_step, rec.search
             real = Recognizer.state_tensors
 
+            held = []
+
             def fails_at_bf16(self: Recognizer) -> Any:
                 if self.model.dtype == torch.bfloat16:
+                    held.append(rec.encoder_step.hold_captures)
                     raise torch.OutOfMemoryError("simulated: out of memory converting stream state")
                 return real(self)
 
@@ -177,6 +180,8 @@ def test_a_failed_cut_over_keeps_the_sources_graphs(monkeypatch: pytest.MonkeyPa
             report = await engine.migrate(master, None, torch.bfloat16)
             assert not report.ok and "converting stream state" in report.error
             assert (rec.encoder_step, rec.search) == source and rec.encoder_step.buckets  # not made again
+            # the source captured no new graph while the target was prepared, and captures again
+            assert held == [True] and not rec.encoder_step.hold_captures
         finally:
             await engine.stop()
 
