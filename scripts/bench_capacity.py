@@ -21,8 +21,8 @@ CUDA graphs on/off.
   chunk, and real websocket clients in `--client-procs` processes sending audio in real time; a
   level of N streams (each `--seconds` long, their starts spread over `--ramp-s`) passes when
   every stream kept up and the p95 partial and final latencies are at most chunk + `--slack-s`
-  (0.25 s). Levels start at `--daemon-first` x the engine's capacity, then go up to it or bisect
-  down. Each level reports the clients' CPU use (and cores), the daemon's, its mean step and
+  (0.25 s). Levels start at `--daemon-first` x the engine's capacity, then go up to `--above` x
+  it (default 1) or bisect down. Each level reports the clients' CPU use (and cores), the daemon's, its mean step and
   batch, and the step time p50 / p95 as bounds of the daemon's histogram buckets. With
   `--daemon-churn` a level churns as a live one does: N streams of `--stream-s` for `--live-s`,
   each replaced (by a new connection) as it ends; every stream opened must keep up.
@@ -254,7 +254,7 @@ async def _live_capacity(model_path: Path, item: Item, guess: int, args: argpars
 
     t_begin = time.monotonic()
     deadline = t_begin + seconds
-    search = LevelSearch.around(fixed_levels(args.live_at, item), guess, args.daemon_first)
+    search = LevelSearch.around(fixed_levels(args.live_at, item), guess, args.daemon_first, args.above)
     fixed, first, top = search.fixed, search.first, search.top
     # slots for the streams that end while the ones replacing them open, as the daemon's top + 64
     cfg = live_engine.serve_config(model_path, args.device, item.dtype, top + top // 8 + 64,
@@ -444,10 +444,11 @@ class LevelSearch:
         self.levels: list[dict[str, Any]] = []
 
     @classmethod
-    def around(cls, fixed: list[int], guess: int, share: float) -> LevelSearch:
-        """The asked levels, or a search from `share` of the engine's capacity `guess` up to it."""
+    def around(cls, fixed: list[int], guess: int, share: float, above: float = 1.0) -> LevelSearch:
+        """The asked levels, or a search from `share` of the engine's capacity `guess` up to
+        `above` times it (the engine item steps unpipelined, so a pipelined engine may pass more)."""
         first = fixed[0] if fixed else max(16, int(share * guess) // 16 * 16)
-        return cls(fixed, first, max(first, guess, *fixed))
+        return cls(fixed, first, max(first, int(above * guess) // 16 * 16, *fixed))
 
     def record(self, n: int, row: dict[str, Any]) -> int | None:
         """Keep level `n`'s row; the next level to run, or None when the search is done."""
@@ -490,7 +491,7 @@ def daemon_capacity(model_path: Path, item: Item, guess: int, args: argparse.Nam
     """Levels of real-time streams through a real daemon, around the engine's capacity `guess`."""
     t_begin = time.monotonic()
     deadline = t_begin + seconds
-    search = LevelSearch.around(fixed_levels(args.daemon_at, item), guess, args.daemon_first)
+    search = LevelSearch.around(fixed_levels(args.daemon_at, item), guess, args.daemon_first, args.above)
     fixed, first, top = search.fixed, search.first, search.top
     daemon = load.Daemon(str(model_path), args.device, item.dtype, top + 64,
                          ["--right-context", str(CHUNK_RC[item.chunk_ms]), "--cuda-graphs", item.graphs,
@@ -621,6 +622,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--engine-refine", type=int, default=3, help="engine bisection steps (default: 3)")
     p.add_argument("--daemon-first", type=float, default=0.8,
                    help="first daemon (and live) level, as a fraction of the engine's capacity (default: 0.8)")
+    p.add_argument("--above", type=float, default=1.0,
+                   help="highest daemon (and live) level searched, as a multiple of the engine's capacity "
+                        "(default: 1.0; the engine item's steps are not pipelined, the daemon's are)")
     p.add_argument("--daemon-levels", type=int, default=3, help="most daemon (and live) levels per item (default: 3)")
     p.add_argument("--daemon-at", default="", help="run exactly these daemon levels instead of a search, "
                    "per chunk ms or chunk:dtype, e.g. '160=2400/3200,1120:fp32=4096' (as time allows)")

@@ -78,3 +78,9 @@ def test_level_search_runs_the_asked_levels_or_bisects() -> None:
         n = search.record(n, {"streams": n, "passed": n <= 600})
     assert ran == [256, 1024, 640, 448, 544, 592] and (search.best, search.worst) == (592, 640)
     assert all(lv["passed"] == (lv["streams"] <= 600) for lv in search.levels)
+    beyond, ran = bench_capacity.LevelSearch.around([], guess=1024, share=0.5, above=1.5), []
+    n = beyond.first
+    while n is not None:  # the daemon serves 1300 streams, more than the unpipelined engine's 1024
+        ran.append(n)
+        n = beyond.record(n, {"streams": n, "passed": n <= 1300})
+    assert ran[:2] == [512, 1536] and beyond.best == max(r for r in ran if r <= 1300) >= 1200
