@@ -66,6 +66,7 @@ GRAPHS, EAGER = "graphs", "eager"
 REQUESTS = ("auto", GRAPHS, EAGER)
 MIN_STATIC_ROWS = 64  # the static buffers' first size: small batches then never regrow them
 HELD = "a move is being prepared: batch sizes without a graph run eagerly until its cut-over"
+SPACED = "the last graph was captured under {:.1f} s ago: batch sizes without one run eagerly until then"
 FallbackObserver = Callable[[str], None]  # (reason)
 
 
@@ -243,10 +244,16 @@ class EncoderStep:
         self.last_rebuild_reason = ""
         self.last_capture_ms = 0.0
         self.fallback_reason: str | None = None
-        # True while a move is prepared: a batch size without a graph runs eagerly instead of
-        # capturing one on the engine thread (a capture holds every stream's results for 0.1-0.4 s,
-        # and this step's graphs go at the cut-over); set and cleared by `engine.migration`
+        # A capture on the calling (engine) thread holds every stream's results for 0.1-0.4 s.
+        # hold_captures: a batch size without a graph runs eagerly instead (while a move is
+        # prepared: this step's graphs go at the cut-over; set and cleared by `engine.migration`).
+        # capture_spacing_s: a call captures at most one graph in this long, the sizes in between
+        # run eagerly (a move's target: the sizes it did not prepare come all at once after the
+        # cut-over, and back-to-back captures let a backlog build, whose larger batches are new
+        # sizes again). `prepare` is neither held nor spaced.
         self.hold_captures = False
+        self.capture_spacing_s = 0.0
+        self._captured_at = -float("inf")  # time.monotonic() of the last capture on a call
 
     # -- public ------------------------------------------------------------------------------
     @property
@@ -338,10 +345,16 @@ class EncoderStep:
         elif not self.backend.supports(device):
             self._why_eager = f"no CUDA graphs on {device.type}"
         elif b > 0:
-            self.used_at[bucket_size(b, self.per_octave)] = time.monotonic()
-            bucket = self._bucket(self.current_key(mel, att_context, cache.kv), b)
+            now = time.monotonic()
+            self.used_at[bucket_size(b, self.per_octave)] = now
+            spaced, captures = now - self._captured_at < self.capture_spacing_s, self.captures
+            bucket = self._bucket(self.current_key(mel, att_context, cache.kv), b,
+                                  capture=not (self.hold_captures or spaced))
             if bucket is None:
-                self._why_eager = self._failed.get(bucket_size(b, self.per_octave), HELD if self.hold_captures else "")
+                why = HELD if self.hold_captures else SPACED.format(self.capture_spacing_s) if spaced else ""
+                self._why_eager = self._failed.get(bucket_size(b, self.per_octave), why)
+            elif self.captures > captures:
+                self._captured_at = now
         if bucket is None:
             self._mode = EAGER
             return self._eager(cache, rows, mel, lengths, start, full, att_context)
@@ -383,8 +396,9 @@ class EncoderStep:
         return v.enc[:b].clone(), v.enc_len[:b].clone()
 
     # -- graphs ------------------------------------------------------------------------------
-    def _bucket(self, key: EncoderGraphKey, b: int) -> _Bucket | None:
-        """The graph of b rows' bucket under `key` (captured now if need be; None: it runs eagerly)."""
+    def _bucket(self, key: EncoderGraphKey, b: int, capture: bool = True) -> _Bucket | None:
+        """The graph of b rows' bucket under `key` (captured now if need be and `capture`; None:
+        it runs eagerly)."""
         why = key.changes_from(self._key)
         if why:
             self._drop()
@@ -395,7 +409,7 @@ class EncoderStep:
         if size in self._failed:
             return None
         bucket = self._buckets.get(size)
-        if bucket is None and self.hold_captures:
+        if bucket is None and not capture:
             return None
         return bucket if bucket is not None else self._capture(key, size)
 

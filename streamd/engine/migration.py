@@ -30,8 +30,11 @@
 2. At a step boundary (on the engine thread, in an `Engine.call`) `cut_over` swaps the model and
    its prepared steps in and copies every live stream's encoder caches and decoder state to the
    target. On any error everything is put back as it was (the source's graphs included).
+   Meanwhile the source's encoder step captures no new graph on the engine thread (its graphs go
+   at the cut-over; a size without one runs eagerly).
 3. A batch size without a prepared graph is captured lazily on its first step, as after a
-   plain `model.to(...)`.
+   plain `model.to(...)`, but at most one every `LAZY_SPACING_S` (the sizes in between run
+   eagerly), so that a backlog of captures cannot build up.
 
 `migrate` runs the three on the event loop for `Engine.migrate` and reports (`MigrationReport`).
 """
@@ -65,6 +68,10 @@ MIN_FREE = 0.1  # the share of a GPU's memory a migration leaves to serving whil
 IN_USE_S = 60.0  # a migration prepares the graphs of the batch sizes called this recently
 HOT_S = 5.0  # ... those called this recently first (the first steps after the move need them)
 GAP_WAIT_S = 3.0  # the most a migration waits for the first step after its cut-over (its serving gap)
+# On the target, the engine thread captures the encoder graphs of sizes not prepared at most this
+# far apart (0.1-0.4 s each at 1120 ms chunks and thousands of streams; back to back after a move
+# on an H100, each capture's backlog made larger batches, new sizes again: h100-2026-12-05e)
+LAZY_SPACING_S = 2.0
 CAPTURE_SHARE = 0.5  # the most of a migration's graph-capturing time spent capturing (`Pacer`)
 CAPTURE_STREAMS = ("migration-a", "migration-b")  # moves capture on these in turn (`capture_stream_for`)
 
@@ -243,7 +250,8 @@ def prepare_steps(rec: Recognizer, target: Transducer, sizes: list[tuple[list[in
     group the encoder's and the decoder's sizes in turn, each largest first (`_in_turn`: a step
     needs both graphs; encoder sizes first in full left the decoder none when room ran out).
     A size not captured (no room, or out of memory) is left to the lazy capture on its first
-    step; on a CPU nothing is captured."""
+    step, those captures spaced `LAZY_SPACING_S` apart on the target's encoder step (sizes in
+    between run eagerly); on a CPU nothing is captured."""
     t0 = time.perf_counter()
     stopped = False
 
@@ -253,6 +261,7 @@ def prepare_steps(rec: Recognizer, target: Transducer, sizes: list[tuple[list[in
         return not stopped
 
     encoder_step, search = rec.encoder_factory(target), rec.search_factory(target)
+    encoder_step.capture_spacing_s = LAZY_SPACING_S
     prepare = getattr(search, "prepare", None)
     enc: list[int] = []
     dec: list[int] = []

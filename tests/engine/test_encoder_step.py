@@ -203,6 +203,28 @@ def test_while_held_a_size_without_a_graph_runs_eagerly_and_the_rest_replay() ->
     assert step.mode == GRAPHS and step.eager_reason == ""
 
 
+def test_spaced_captures_leave_the_sizes_in_between_eager() -> None:
+    """With `capture_spacing_s`, a call captures at most one graph in that long: a new size
+    soon after a capture runs eagerly (the same outputs) and says why; captured sizes replay."""
+    m, be = model(), FakeBackend()
+    step = graph_step(m, be)
+    step.capture_spacing_s = 60.0
+    eager = EncoderStep(m.encoder, EAGER)
+    modes = []
+
+    def spacing(chunk: int) -> None:  # before each chunk's step
+        if chunk:
+            modes.append((step.mode, step.eager_reason))
+        if chunk == 3:
+            step.capture_spacing_s = 0.0  # as if the time had passed
+
+    got = simulate([step, eager], m, slots=12, chunks=4, seed=0, sizes=(8, 12, 8, 12), between=spacing)
+    assert_same(got, got)
+    assert be.captures == [8, 12] and be.replays == 3
+    assert modes[0] == (GRAPHS, "") and modes[2] == (GRAPHS, "")
+    assert modes[1][0] == EAGER and "captured under 60.0 s ago" in modes[1][1]
+
+
 @pytest.mark.parametrize("kv", [True, False], ids=["kv_cache", "input_cache"])
 @pytest.mark.parametrize("per_octave", [1, 8])
 def test_fake_graphs_equal_eager_with_ragged_windows_and_random_rows(per_octave: int, kv: bool) -> None:

@@ -113,6 +113,8 @@ def test_the_targets_graphs_are_captured_before_the_cut_over() -> None:
             report = await engine.migrate(master, None, torch.bfloat16)
             assert report.ok and report.moved and report.streams == 4, report
             assert len(made.encoders) == 2 and rec.encoder_step is made.encoders[1]
+            assert rec.encoder_step.capture_spacing_s == migration.LAZY_SPACING_S  # the sizes not prepared
+            assert made.encoders[0].capture_spacing_s == 0.0  # the daemon's first step: warm-up captures all
             assert rec.graph_sizes() == sizes  # every batch size the source had, captured for the target
             assert report.graphs == f"encoder {len(sizes[0])}, decoder {len(sizes[1])}" and report.recapture_ms > 0
             assert report.serving_gap_ms is None  # no stream had a chunk waiting
