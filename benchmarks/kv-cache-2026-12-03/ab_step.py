@@ -5,6 +5,9 @@ bursts; the driver asks them for a step in turn (the order swapped every round),
 from other processes on a shared machine falls on both alike. Prints each tree's median step.
 
     python benchmarks/kv-cache-2026-12-03/ab_step.py /work/main /work/wt-29 --chunk-ms 1120 --streams 120
+    python benchmarks/kv-cache-2026-12-03/ab_step.py OLD NEW --model /tmp/fcl.pt --chunk-ms 160 --streams 32
+
+(/tmp/fcl.pt: `bench_migration.make_model('/tmp/fcl.pt', 1024)`, the random FastConformer-L.)
 """
 from __future__ import annotations
 
@@ -22,9 +25,9 @@ sys.path.insert(0, "scripts")
 import load
 from streamd.engine.recognizer import Recognizer
 from streamd.model.checkpoint import load_model
-chunk_ms, n, threads = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+chunk_ms, n, threads, path = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 torch.set_num_threads(threads)
-model = load_model("streamd/assets/default-model.pt").model
+model = load_model(path).model
 rc = {160: 1, 1120: 13}[chunk_ms]
 rec = Recognizer(model, capacity=n, att_context=model.dims.att_context_with_right(rc))
 tone = np.frombuffer(load.tone_bursts(seconds=20.0).pcm, dtype="<i2").astype(np.float32) / 32768
@@ -51,12 +54,13 @@ def main() -> None:
     ap.add_argument("--streams", type=int, default=120)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=10, help="steps of each tree, after 2 warm-up steps")
+    ap.add_argument("--model", default="streamd/assets/default-model.pt", help="model file (default: the default model)")
     args = ap.parse_args()
     procs = {}
     for name, tree in (("old", args.old), ("new", args.new)):
         env = dict(os.environ, PYTHONPATH=str(tree.resolve()))
         procs[name] = subprocess.Popen(
-            [sys.executable, "-c", WORKER, str(args.chunk_ms), str(args.streams), str(args.threads)],
+            [sys.executable, "-c", WORKER, str(args.chunk_ms), str(args.streams), str(args.threads), args.model],
             cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     for p in procs.values():
         assert p.stdout is not None and p.stdout.readline().strip() == "ready"
@@ -75,7 +79,7 @@ def main() -> None:
         p.stdin.close()
         p.wait()
     med = {k: float(np.median(v)) for k, v in times.items()}
-    print(f"{args.streams} streams, {args.chunk_ms} ms chunks, {args.threads} threads: median step old "
+    print(f"{args.model}: {args.streams} streams, {args.chunk_ms} ms chunks, {args.threads} threads: median step old "
           f"{med['old']:.0f} ms, new {med['new']:.0f} ms (old / new {med['old'] / med['new']:.2f})")
     for k, v in times.items():
         print(f"  {k}: " + " ".join(f"{t:.0f}" for t in v))
