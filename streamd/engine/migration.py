@@ -27,11 +27,11 @@
    are gone. Memory the caching allocator holds for no tensor counts as free: the first time the
    GPU looks too full, the guard gives that cache back (one `empty_cache`, which waits for the step
    in flight) and asks again, once a migration.
+   Meanwhile the source's encoder step captures no new graph on the engine thread (its graphs go
+   at the cut-over; a batch size without one runs eagerly until then).
 2. At a step boundary (on the engine thread, in an `Engine.call`) `cut_over` swaps the model and
    its prepared steps in and copies every live stream's encoder caches and decoder state to the
    target. On any error everything is put back as it was (the source's graphs included).
-   Meanwhile the source's encoder step captures no new graph on the engine thread (its graphs go
-   at the cut-over; a size without one runs eagerly).
 3. A batch size without a prepared graph is captured lazily on its first step, as after a
    plain `model.to(...)`, but at most one every `LAZY_SPACING_S` (the sizes in between run
    eagerly), so that a backlog of captures cannot build up.
