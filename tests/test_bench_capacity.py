@@ -35,6 +35,20 @@ def test_live_level_churns_and_reports() -> None:
     assert f"{level['opened']:7d} {level['kept_up']:7d}" in table.splitlines()[1]
 
 
+def test_engine_levels_are_stepped_pipelined_and_alone() -> None:
+    """The engine item passes a level on its pipelined steps (as the daemon's engine steps) and
+    reports the synchronised step beside it; levels double from the first."""
+    model = FIXTURES / "tiny_streaming_fastconformer_hybrid.nemo"
+    args = bench_capacity.parse_args(["--device", "cpu", "--model", str(model), "--plan", "engine:160:fp32:off",
+                                      "--engine-start", "2", "--engine-max", "4", "--engine-refine", "0"])
+    result = bench_capacity.engine_capacity(model, args.items[0], args, seconds=60)
+    rows = result["probes"]
+    assert [r["streams"] for r in rows] == [2, 4][:len(rows)] and rows[0]["steps"] == 5
+    for r in rows:
+        assert r["step_s"] > 0 and r["unpipelined_step_s"] > 0 and r["passed"] == (r["step_s"] <= result["chunk_s"])
+    assert result["capacity"] == max([r["streams"] for r in rows if r["passed"]], default=0)
+
+
 def test_daemon_step_quantiles_are_bucket_bounds() -> None:
     inf = float("inf")
     before = {0.01: 5.0, 0.02: 5.0, 0.04: 5.0, inf: 5.0}  # steps before the level do not count
