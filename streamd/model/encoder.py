@@ -60,7 +60,7 @@ def ring_order(head: Tensor, c: int, t: int) -> Tensor:
     ring with its oldest frame at `head` (B,), and whose last T are the chunk's (in time order):
     what the attention's scores and mask, computed in time order, are permuted by."""
     r = torch.arange(c + t, device=head.device)
-    return torch.cat([(r[:c] - head[:, None]) % c, r[c:].expand(head.shape[0], t)], dim=1)
+    return torch.cat([(r[:c] - head[:, None]) % max(c, 1), r[c:].expand(head.shape[0], t)], dim=1)
 
 
 def write_chunk(channel: Tensor, base: Tensor, head: Tensor, windows: Tensor) -> None:
@@ -70,6 +70,8 @@ def write_chunk(channel: Tensor, base: Tensor, head: Tensor, windows: Tensor) ->
     the oldest but k, at (head + k) % C (of more than C new frames, the last C)."""
     n_layers, slots, c, w = channel.shape
     t = windows.shape[2] - c
+    if c == 0:  # no left context: nothing is kept
+        return
     first = max(0, t - c)
     k = torch.arange(first, t, device=head.device)
     at = (base[:, None] + (head[:, None] + k) % c).reshape(-1)
@@ -219,14 +221,14 @@ class ConformerEncoder(nn.Module):
             write_chunk(cache.channel, rows * c, head, windows)
             cache.time.index_copy_(1, rows, torch.stack(times))
             cache.channel_len.index_copy_(0, rows, channel_len)
-            cache.head.index_copy_(0, rows, (head + t) % c)
+            cache.head.index_copy_(0, rows, (head + t) % max(c, 1))
             return x, lengths, cache
         assert out is not None and out.head is not None
         if out.kv != cache.kv:
             raise ValueError("the out buffers' cache layout differs from the cache's")
         torch.stack(times, out=out.time)
         out.channel_len.copy_(channel_len)
-        out.head.copy_((head + t) % c)
+        out.head.copy_((head + t) % max(c, 1))
         return x, lengths, out
 
     @property

@@ -502,6 +502,24 @@ def test_rings_give_the_outputs_and_caches_of_time_order(kv: bool, fused: bool) 
         assert int(ring.channel_len[r]) == int(alone[r].channel_len[0])
 
 
+def test_rings_without_left_context_keep_nothing() -> None:
+    """A model trained with no left context (att_context [0, 1], which checkpoints may declare):
+    rings of no frames, stepped as time order is."""
+    ctx = (0, 1)
+    m = random_model(3, att_context_sizes=(ctx,))
+    w = ChunkGeometry.of(m.dims, ctx[1]).window
+    ring = m.encoder.init_cache(2, ctx, m.device, m.dtype, ring=True)
+    alone = m.encoder.init_cache(2, ctx, m.device, m.dtype)
+    rng = np.random.default_rng(0)
+    with torch.no_grad():
+        for _ in range(3):
+            mel = torch.from_numpy(rng.standard_normal((2, m.dims.features.n_mels, w)).astype(np.float32))
+            x, _, _ = m.encoder.streaming_forward(mel, torch.full((2,), w), ring, ctx, rows=torch.arange(2))
+            y, _, alone = m.encoder.streaming_forward(mel, torch.full((2,), w), alone, ctx)
+            torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
+    assert ring.head is not None and ring.head.tolist() == [0, 0] and ring.channel.shape[2] == 0
+
+
 def test_a_step_in_the_callers_windows_equals_the_eager_slot_step() -> None:
     """`streaming_forward(..., windows=)`, how a graph runs: the rings gathered into the windows'
     first C frames with their heads, the next time caches, lengths and heads into `out`, and the
