@@ -24,8 +24,9 @@ CUDA graphs on/off.
   level of N streams (each `--seconds` long, their starts spread over `--ramp-s`) passes when
   every stream kept up and the p95 partial and final latencies are at most chunk + `--slack-s`
   (0.25 s). Levels start at `--daemon-first` x the engine's capacity, then go up to `--above` x
-  it (default 1) or bisect down. Each level reports the clients' CPU use (and cores), the daemon's, its mean step and
-  batch, and the step time p50 / p95 as bounds of the daemon's histogram buckets. With
+  it (default 1) or bisect down. Each level reports the clients' CPU use (and cores), the
+  daemon's, its mean step and batch, and the step time p50 / p95 as bounds of the daemon's
+  histogram buckets. With
   `--daemon-churn` a level churns as a live one does: N streams of `--stream-s` for `--live-s`,
   each replaced (by a new connection) as it ends; every stream opened must keep up.
 
@@ -477,7 +478,7 @@ class LevelSearch:
     @classmethod
     def around(cls, fixed: list[int], guess: int, share: float, above: float = 1.0) -> LevelSearch:
         """The asked levels, or a search from `share` of the engine's capacity `guess` up to
-        `above` times it (the engine item steps unpipelined, so a pipelined engine may pass more)."""
+        `above` times it."""
         first = fixed[0] if fixed else max(16, int(share * guess) // 16 * 16)
         return cls(fixed, first, max(first, int(above * guess) // 16 * 16, *fixed))
 
