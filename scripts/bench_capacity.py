@@ -161,10 +161,16 @@ def engine_capacity(model_path: Path, item: Item, args: argparse.Namespace, seco
     g = rec.geometry
     chunk = g.hop * g.subsampling * (g.right + 1)
 
-    def feed(s: Any, k: int) -> None:
-        start = offsets[k] % (tone.size - chunk)
-        s.push_audio(tone[start: start + chunk])
-        offsets[k] += chunk
+    def feed_all() -> None:
+        """A chunk for every stream in one `push_many`, as the engine takes a front end's message
+        (each stream at its own offset in the tone bursts)."""
+        n = len(streams)
+        pieces = [tone[offsets[k] % (tone.size - chunk):][:chunk] for k in range(n)]
+        for k in range(n):
+            offsets[k] += chunk
+        slots = np.fromiter((s.slot for s in streams), np.int64, n)
+        rec.audio.push_many(slots, np.arange(n, dtype=np.int64) * chunk, np.full(n, chunk, np.int64),
+                            np.concatenate(pieces))
 
     def probe(n: int) -> dict[str, Any]:
         while len(streams) < n:
@@ -179,8 +185,7 @@ def engine_capacity(model_path: Path, item: Item, args: argparse.Namespace, seco
         warm = 2  # the first captures this batch size's graphs
         steps = warm + (3 if n >= 2048 else 5)
         for _ in range(steps):
-            for k, s in enumerate(streams):
-                feed(s, k)
+            feed_all()
             assert all(s.ready for s in streams)
             t0 = time.perf_counter()
             rec.step(streams)
@@ -199,24 +204,13 @@ def engine_capacity(model_path: Path, item: Item, args: argparse.Namespace, seco
               flush=True)
         return row
 
-    def feed_all() -> None:
-        """A chunk for every stream in one `push_many`, as the engine takes a front end's message."""
-        n = len(streams)
-        pieces = [tone[offsets[k] % (tone.size - chunk):][:chunk] for k in range(n)]
-        for k in range(n):
-            offsets[k] += chunk
-        slots = np.fromiter((s.slot for s in streams), np.int64, n)
-        rec.audio.push_many(slots, np.arange(n, dtype=np.int64) * chunk, np.full(n, chunk, np.int64),
-                            np.concatenate(pieces))
-
     def pipelined(steps: int) -> float:
         """Seconds a step of every stream, stepped as the daemon's engine does: each step is
         launched while the one before runs on the device, then the one before is collected."""
         t0 = time.perf_counter()
         running = None
-        for i in range(steps):
+        for _ in range(steps):
             feed_all()
-            assert i or all(s.ready for s in streams)
             launched = rec.launch(streams)
             if running is not None:
                 running.collect().chunks()
