@@ -353,7 +353,7 @@ class EncoderStep:
             if bucket is None:
                 why = HELD if self.hold_captures else SPACED.format(self.capture_spacing_s) if spaced else ""
                 self._why_eager = self._failed.get(bucket_size(b, self.per_octave), why)
-            elif self.captures > captures:
+            elif self.captures > captures:  # a call's capture stalls the engine thread; `prepare`'s do not
                 self._captured_at = now
         if bucket is None:
             self._mode = EAGER
