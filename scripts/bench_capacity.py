@@ -152,7 +152,8 @@ def engine_capacity(model_path: Path, item: Item, args: argparse.Namespace, seco
     mode = "auto" if item.graphs == "on" else EAGER
     rec = Recognizer(model, capacity=max_n, att_context=att_context,
                      search_factory=lambda m: make_decoder(m, mode, per_octave=DECODER_BUCKETS_PER_OCTAVE),
-                     encoder_factory=lambda m: make_encoder_step(m, mode, max_n))
+                     encoder_factory=lambda m: make_encoder_step(m, mode, max_n),
+                     keep_transcripts=False)  # as the daemon's engine (streamd.server.app): front ends keep them
     chunk_s = rec.geometry.chunk_ms / 1000
     rng = np.random.default_rng(0)
     tone = np.frombuffer(load.tone_bursts(seconds=20.0).pcm, dtype="<i2").astype(np.float32) / 32768
