@@ -4,6 +4,8 @@ Blank is the last label (id V); it embeds to the zero vector and doubles as the 
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import Tensor, nn
 
@@ -12,6 +14,14 @@ from streamd.model.dims import ModelDims
 PredictorState = tuple[Tensor, Tensor]  # (h, c), each (L, B, P)
 
 _ACTIVATIONS = {"relu": nn.ReLU, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh}
+
+# cuDNN runs bf16 LSTMs, but torch's `flatten_parameters` leaves bf16 weights as they are (bf16 is
+# not in `torch.backends.cudnn.CUDNN_TENSOR_DTYPES`), so each bf16 call on a GPU compacts the
+# weights first (one copy of the prediction net's LSTM: 6.6 MB for NeMo's 640-wide one, small
+# beside a step) and warns, which is only noise in a daemon's log. fp16 and fp32 are flattened
+# by `model.to`.
+warnings.filterwarnings("ignore", message="RNN module weights are not part of single contiguous chunk",
+                        category=UserWarning)
 
 
 class _DecRnn(nn.Module):
