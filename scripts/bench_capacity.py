@@ -176,7 +176,9 @@ def engine_capacity(model_path: Path, item: Item, args: argparse.Namespace, seco
     def probe(n: int) -> dict[str, Any]:
         while len(streams) < n:
             s = rec.open()
-            s.push_audio(tone[:g.sample_rate // 2])  # half a second ahead: every step has a full chunk
+            # one chunk ahead, as a real-time client is: every step has a full chunk (its first takes
+            # fewer frames), and each chunk fed fits in the ring beside the one a launch holds
+            s.push_audio(tone[:chunk])
             streams.append(s)
             offsets.append(int(rng.integers(0, tone.size)))
         while len(streams) > n:
@@ -199,6 +201,7 @@ def engine_capacity(model_path: Path, item: Item, args: argparse.Namespace, seco
         row = {"streams": n, "step_s": round(piped, 4), "unpipelined_step_s": round(step, 4),
                "unpipelined_step_max_s": round(max(measured), 4), "first_step_s": round(times[0], 4),
                "steps": len(measured), "passed": piped <= chunk_s,
+               "queued": int(rec.audio.queued.sum()),  # streams whose audio waits outside their ring (0)
                "encoder": rec.encoder_step.mode, "decoder": getattr(rec.search, "mode", "eager")}
         print(f"  engine {n:6d} streams: step {piped:.3f} s pipelined, {step:.3f} s alone (max {max(measured):.3f}, "
               f"first {times[0]:.3f}) {'ok' if row['passed'] else 'too slow'} [{row['encoder']}/{row['decoder']}]",

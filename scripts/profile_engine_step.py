@@ -149,8 +149,8 @@ def main() -> None:
     streams = [rec.open() for _ in range(n)]
     chunk = 160 * 8 * (rec.geometry.right + 1)
     pos = [int(x) for x in np.random.default_rng(0).integers(0, tone.size - chunk, n)]
-    for s in streams:
-        s.push_audio(tone[: 160 * 50])
+    for s in streams:  # one chunk ahead, as a real-time client is (more would wait outside the rings)
+        s.push_audio(tone[:chunk])
 
     def step() -> float:
         for k, s in enumerate(streams):

@@ -46,6 +46,7 @@ def test_engine_levels_are_stepped_pipelined_and_alone() -> None:
     assert [r["streams"] for r in rows] == [2, 4][:len(rows)] and rows[0]["steps"] == 5
     for r in rows:
         assert r["step_s"] > 0 and r["unpipelined_step_s"] > 0 and r["passed"] == (r["step_s"] <= result["chunk_s"])
+        assert r["queued"] == 0  # fed as real-time clients feed: no stream's audio waits outside its ring
     assert result["capacity"] == max([r["streams"] for r in rows if r["passed"]], default=0)
 
 
