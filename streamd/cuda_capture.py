@@ -172,7 +172,8 @@ def own_stream(device: torch.device) -> Iterator[None]:
 
 class GraphPool:
     """A graph memory pool of one device, under the id of its current handle. A capture into it
-    that fails retires the id (`unwind`): later captures into the pool use a fresh one."""
+    that fails retires the id (`unwind`), as does the release of the last graphs captured into
+    it (`SharedPoolBackend`): later captures into the pool use a fresh one."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device

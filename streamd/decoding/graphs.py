@@ -124,15 +124,37 @@ class SharedPoolBackend(CudaGraphBackend):
     """Every capture on a device shares one memory pool: for the buckets of one decoder, which
     never run at once, and whose graphs keep nothing in the pool past their end (their loop
     state is allocated outside it). Private pools would each hold the temporaries of their
-    batch size: at thousands of streams, tens of GB."""
+    batch size: at thousands of streams, tens of GB.
+
+    Once every graph captured into the pool is released, the next capture takes a fresh pool
+    id: torch's allocators keep a pool that no graph uses until their caches are emptied, and
+    the pinned-host allocator's cache is not, so a capture into the old id failed its
+    `use_count > 0` assertion (CachingHostAllocator.h; torch 2.11 on an H100: the decoder of a
+    bucket whose graphs were dropped, for a move or a `reset`, decoded eagerly from then on)."""
 
     def __init__(self) -> None:
         self._pools: dict[torch.device, cuda_capture.GraphPool] = {}
+        self._live: dict[torch.device, int] = {}  # captures whose graphs are alive, per device
+
+    def capture(self, device: torch.device, steps: dict[str, Callable[[], None]],
+                warmup: Callable[[], None]) -> dict[str, Any]:
+        graphs = super().capture(device, steps, warmup)
+        self._live[device] = self._live.get(device, 0) + 1
+        return graphs
 
     def pool(self, device: torch.device) -> cuda_capture.GraphPool:
         if device not in self._pools:
             self._pools = {device: cuda_capture.GraphPool(device)}  # another device: the old pool goes
         return self._pools[device]
+
+    def release(self, device: torch.device) -> None:
+        """One capture's graphs were dropped (`_drop`); the last of a pool's retires its id."""
+        self._live[device] = self._live.get(device, 0) - 1
+        if self._live[device] <= 0:
+            del self._live[device]
+            if device in self._pools:
+                self._pools[device].retire()
+        super().release(device)
 
 
 @dataclass

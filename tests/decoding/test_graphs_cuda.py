@@ -11,7 +11,7 @@ import torch
 
 from helpers import random_model, run_streams, synthetic_audio
 from streamd.decoding.cuda_conditional import unsupported_reason
-from streamd.decoding.graphs import EAGER, FULL_GRAPH, NO_WHILE_LOOPS, GraphGreedyLabelLooping
+from streamd.decoding.graphs import EAGER, FULL_GRAPH, NO_WHILE_LOOPS, GraphGreedyLabelLooping, make_decoder
 from streamd.decoding.greedy import GreedyLabelLooping
 from streamd.model.transducer import Transducer
 from test_graphs_rebuild import CapacityAndDeviceIndexOnly, n_labels, simulate, trained_like
@@ -73,6 +73,24 @@ def test_full_graph_is_available_here() -> None:
     d(torch.randn(2, 5, m.dims.d_model, device="cuda"), torch.tensor([5, 3], device="cuda"))
     print(f"mode={d.mode} reason={d.fallback_reason} unsupported={unsupported_reason(d.key.device)}")
     expect_mode(d, FULL_GRAPH)
+
+
+def test_a_bucket_captures_again_after_every_graph_of_its_pool_was_dropped() -> None:
+    """A reset (or a move's key change) drops every graph of the buckets' shared pool; the next
+    captures go into a fresh pool id and replay. Into the old id they failed torch 2.11's
+    `use_count > 0` assertion in the pinned-host allocator (an H100, 2026-12-06), and the
+    bucket decoded eagerly from then on."""
+    m = make("random", 5)
+    d = make_decoder(m, "auto", per_octave=4)
+    g = torch.Generator().manual_seed(0)
+    enc = torch.randn(6, 9, m.dims.d_model, generator=g).cuda()
+    lengths = torch.tensor([9, 9, 7, 5, 9, 1], device="cuda")
+    want = reference(m)(enc, lengths)[0].to_lists()
+    for _ in range(3):
+        got = d(enc, lengths)[0].to_lists()
+        assert d.mode != EAGER, d.fallback_reason
+        assert got == want
+        d.reset()
 
 
 @pytest.mark.parametrize("mode", MODES)

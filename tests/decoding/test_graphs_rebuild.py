@@ -465,3 +465,27 @@ def test_make_decoder_with_buckets() -> None:
         assert type(make_decoder(m, "auto", per_octave=4)) is GreedyLabelLooping
     with pytest.raises(ValueError):
         make_decoder(m, "graphs", per_octave=3)
+
+
+def test_the_shared_pool_takes_a_fresh_id_once_its_last_graphs_are_released(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The buckets' shared pool keeps its id while any bucket's graphs live, and takes a fresh
+    one when the last are released (torch keeps an unused pool under its id in the pinned-host
+    allocator, and a capture into that id fails): the bookkeeping, with the CUDA calls faked."""
+    from itertools import count
+
+    from streamd.decoding import graphs
+
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", count().__next__)
+    monkeypatch.setattr(graphs.CudaGraphBackend, "capture", lambda self, device, steps, warmup: {})
+    monkeypatch.setattr(graphs.CudaGraphBackend, "release", lambda self, device: None)
+    backend, dev = graphs.SharedPoolBackend(), torch.device("cuda", 0)
+    first = backend.pool(dev).handle
+    for _ in range(2):  # two buckets' graphs in the pool
+        backend.capture(dev, {}, lambda: None)
+    backend.release(dev)
+    assert backend.pool(dev).handle == first  # the other bucket's graphs still use it
+    backend.release(dev)
+    second = backend.pool(dev).handle
+    assert second != first  # none left: the next capture goes into a fresh id
+    backend.capture(dev, {}, lambda: None)
+    assert backend.pool(dev).handle == second
