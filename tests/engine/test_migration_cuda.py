@@ -2,13 +2,15 @@
 graph after graph; a migration prepared while the engine thread captures graphs succeeds and breaks
 no capture; a capture that fails (a synchronize inside it:
 CUDA invalidates the capture) does not poison the next capture into the same memory pool; the
-target's graphs are captured before the cut-over, so the steps after it capture nothing; fp32 on
+target's graphs are captured before the cut-over, so the steps after it capture no size it prepared
+(the rest one every LAZY_SPACING_S); fp32 on
 the GPU computes what the CPU does (no TF32), so a move between them changes no token."""
 from __future__ import annotations
 
 import asyncio
 import copy
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -16,6 +18,7 @@ import pytest
 import torch
 
 from helpers import random_model, synthetic_audio
+from streamd.buckets import bucket_size
 from streamd.decode import transcribe_offline
 from streamd.decoding.graphs import EAGER as DEC_EAGER, GraphGreedyLabelLooping, SharedPoolBackend, make_decoder
 from streamd.engine.encoder_step import GRAPHS, EncoderGraphBackend, EncoderStep, make_encoder_step
@@ -92,6 +95,16 @@ def test_a_failed_decoder_capture_does_not_poison_the_next() -> None:
 def small_master() -> Any:
     """The fp32 CPU master weights these tests move: a 4-layer model of 128 channels."""
     return random_model(5, att_context_sizes=CONTEXT, d_model=128, n_layers=4, subsampling_channels=64)
+
+
+async def graphs_again(engine: Engine, within_s: float = 30.0) -> None:
+    """Wait until the engine's status says its encoder and decoder serve from graphs: after a
+    move, the batch sizes the target did not prepare are captured one every LAZY_SPACING_S, and
+    those in between run eagerly until then."""
+    deadline = time.monotonic() + within_s
+    while not (engine.status.encoder == "graphs" and engine.status.decoder != "eager"):
+        assert time.monotonic() < deadline, (engine.status.encoder, engine.status.decoder, engine.status.eager_reason)
+        await asyncio.sleep(0.1)
 
 
 def engine_on_cuda(master: Any, slots: int, fallbacks: list[str]) -> tuple[Engine, Recognizer]:
@@ -183,13 +196,17 @@ def test_a_migration_prepared_while_the_engine_captures_breaks_nothing() -> None
                 assert await asyncio.wait_for(s.results.get(), 60) is not None
             report = await engine.migrate(master, None, torch.float32 if engine.status.dtype == "bf16" else torch.bfloat16)
             assert report.ok and report.graphs and report.recapture_ms > 0, report
-            prepared = rec.encoder_step.captures
+            prepared, sizes = rec.encoder_step.captures, set(rec.encoder_step.buckets)
+            assert bucket_size(len(sessions), rec.encoder_step.per_octave) in sizes  # the size in use
             for _ in range(3):
                 for s in sessions:
                     engine.push(s, rng.standard_normal(rec.geometry.chunk_ms * 16).astype(np.float32) * 0.1)
                 for s in sessions:
                     assert await asyncio.wait_for(s.results.get(), 60) is not None
-            assert rec.encoder_step.captures == prepared > 0  # nothing captured after the cut-over
+            # no prepared size captured again after the cut-over (a step may split the sessions
+            # into a size not used before the move: that one is captured on its first call)
+            assert prepared > 0
+            assert rec.encoder_step.captures - prepared == len(set(rec.encoder_step.buckets) - sizes)
             assert engine.status.encoder == "graphs" and engine.status.decoder != "eager"
             assert engine.status.eager_reason == "" and fallbacks == []
             print(f"before {before}; last move: pause {report.pause_ms:.1f} ms, gap {report.serving_gap_ms} ms, "
@@ -277,7 +294,7 @@ def test_moves_while_streams_step_all_along_with_graphs() -> None:
                 assert report.ok and report.graphs and report.streams_failed == 0, report
                 await asyncio.sleep(0.5)
                 assert steps > at and not streaming.done()
-                assert engine.status.encoder == "graphs" and engine.status.decoder != "eager"
+                await graphs_again(engine)
                 print(f"to {to}: {report.graphs} prepared in {report.prepare_ms:.0f} ms, pause {report.pause_ms:.1f} ms,"
                       f" {steps - at} rounds of steps meanwhile")
             moving = False
