@@ -193,6 +193,17 @@ class _Static:
             _front(self.enc, (n, *sh["enc"])), self.enc_len[:n])
 
 
+def _read_rings(channel: Tensor, rows: Tensor, out: Tensor) -> None:
+    """out[:, i] = channel[:, rows[i]]: the slots' rings (L, S, C, w) into the front C frames
+    of the windows (L, n, C, w, a strided view), one index_select a layer of the rows flattened
+    to C * w. On an H100 that takes 8.6 ms for 5120 rows of FastConformer-L (17 layers, bf16,
+    160 ms), one index_select of the 4-D view 18.7 ms (benchmarks/h100-2026-12-06)."""
+    layers, slots, c, w = channel.shape
+    flat, n = channel.view(layers, slots, c * w), out.shape[1]
+    for layer in range(layers):
+        torch.index_select(flat[layer], 0, rows, out=out[layer].view(n, c * w))
+
+
 def _front(flat: Tensor, shape: tuple[int, ...]) -> Tensor:
     """The first elements of `flat` viewed as a contiguous tensor of `shape`."""
     numel = 1
@@ -383,7 +394,7 @@ class EncoderStep:
         v.rows[:b].copy_(rows)
         if n > b:
             v.rows[b:].copy_(rows[:1].expand(n - b))
-        torch.index_select(cache.channel, 1, v.rows, out=v.cache.channel)
+        _read_rings(cache.channel, v.rows, v.cache.channel)
         torch.index_select(cache.time, 1, v.rows, out=v.cache.time)
         torch.index_select(cache.channel_len, 0, v.rows, out=v.cache.channel_len)
         assert cache.head is not None and v.cache.head is not None and v.out.head is not None
