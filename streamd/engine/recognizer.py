@@ -45,6 +45,9 @@ def eager_encoder(model: Transducer) -> EncoderStep:
 
 
 PART_ROWS = 1024  # streams per launched part of a GPU step (see `Recognizer`)
+# A part whose slots span more than this many rings per stream copies its own rows' rings,
+# gathered on the host, instead of the whole slot range (`Recognizer._ring_segments`).
+RING_SPAN = 4
 
 
 class Recognizer:
@@ -73,7 +76,8 @@ class Recognizer:
     `ring_copy`: how a step's samples reach the model's device. True: the device copies the slot
     range of the step's rows straight from the streams' sample rings (one copy a part, from
     pinned memory, on a CUDA stream of its own that overlaps the step before; a step's streams
-    go into parts in slot order, so that each part's range is short) and cuts each stream's
+    go into parts in slot order, so that each part's range is short; a part whose range is
+    sparse copies its own rows' rings, gathered on the host) and cuts each stream's
     segment out there, so the host copies no samples; the rings are pinned when the model starts
     on a GPU. False: each stream copies its segment into one batch on the host (`SlotAudio.take`),
     which is then copied (the reference path, and the CPU's: there the batch is where the
@@ -320,8 +324,7 @@ class Recognizer:
         _layout(taken[:, :3], news, slots, g.window, k, meta_np[:, :-1])
         meta_host, meta = meta, meta.to(device, non_blocking=True)
         if from_rings:
-            samples = self._ring_segments(int(slots.min()), int(slots.max()) + 1, meta[:, 2], meta[:, -1],
-                                          g.segment_samples(k), device)
+            samples = self._ring_segments(slots, meta[:, 2], meta[:, -1], g.segment_samples(k), device)
         frames = self._frames(samples, meta_host[:, 3], meta[:, 3], device)
         lengths, start, rows = meta[:, 0], meta[:, 1], meta[:, 2]
         mel = self._windows(frames, rows, meta[:, 4:-1])
@@ -337,25 +340,37 @@ class Recognizer:
             return self.ring_copy
         return device.type == "cuda" and self._rings_pinned and self.features == "model"
 
-    def _ring_segments(self, lo: int, hi: int, rows: Tensor, at: Tensor, size: int, device: torch.device) -> Tensor:
+    def _ring_segments(self, slots: np.ndarray, rows: Tensor, at: Tensor, size: int, device: torch.device
+                       ) -> Tensor:
         """Every row's `size` samples from ring position `at` on, cut out on `device` from one
-        copy of rings lo..hi-1 (the step's slot range); rows, at: (b,) int64 on `device`.
-        Returns (b, size) fp32. The rings' positions stay held until the copy has happened
-        (`_release_rings`, at the next launch)."""
+        copy of the part's rings; slots: (b,) the part's slots on the host; rows (the same
+        slots), at: (b,) int64 on `device`. Returns (b, size) fp32. The copy is of the slot range
+        when it is dense (at most RING_SPAN rings a stream), else of the part's own rings,
+        gathered on the host into pinned memory first: a daemon's small steps spread over
+        thousands of slots, whose whole range is up to 0.9 GB of rings for a step of ~130
+        streams (1120 ms chunks, 4912 streams), against 23 MB of their own. The rings'
+        positions stay held until the copy has happened (`_release_rings`, at the next launch)."""
+        lo, hi = int(slots.min()), int(slots.max()) + 1
+        if hi - lo > RING_SPAN * slots.size:
+            source = _host(device, (slots.size, self._rings.shape[1]), torch.float32)
+            torch.index_select(self._rings, 0, torch.from_numpy(slots), out=source)
+            first = torch.arange(slots.size, device=device)  # row i's ring is source[i]
+        else:
+            source, first = self._rings[lo:hi], rows - lo
         if device.type == "cuda":  # on a copy stream of its own: it overlaps the step before
             main, side = torch.cuda.current_stream(device), self._copy_stream(device)
             with torch.cuda.stream(side):
-                rings = self._rings[lo:hi].to(device, non_blocking=True)  # pinned: queued, no wait
+                rings = source.to(device, non_blocking=True)  # pinned: queued, no wait
                 copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
                 copied.record(side)
             main.wait_event(copied)
             rings.record_stream(main)  # its memory is not reused before the step has read it
             self._copied.append(copied)
         else:
-            rings = self._rings[lo:hi]
+            rings = source
         m = rings.shape[1]
         index = (at[:, None] + torch.arange(size, device=device)) % m
-        return rings[(rows - lo)[:, None], index]
+        return rings[first[:, None], index]
 
     def _copy_stream(self, device: torch.device) -> torch.cuda.Stream:
         """The CUDA stream the copies from the rings run on: the launching thread's private one

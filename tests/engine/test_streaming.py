@@ -12,6 +12,7 @@ from helpers import fixture_model, greedy, random_model, reference, run_streams,
 from streamd.decode import transcribe_offline
 from streamd.engine.migration import cut_over, placed_copy, stage_cache
 from streamd.engine.placement import move_model
+from streamd.engine import recognizer
 from streamd.engine.recognizer import Launched, Recognizer
 from streamd.engine.stream import Stream
 from streamd.model.transducer import Transducer
@@ -31,12 +32,16 @@ def test_fixture_models_streaming_equals_offline(right: int) -> None:
             assert s.tokens == reference(kind)["offline"][f"att70_{right}"][name]["hyp"]["tokens"].tolist()
 
 
+@pytest.mark.parametrize("span", [0, 10**6], ids=["gathered-rows", "slot-ranges"])
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
-def test_samples_copied_from_the_rings_stream_like_the_host_batch(device: str) -> None:
+def test_samples_copied_from_the_rings_stream_like_the_host_batch(device: str, span: int,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """The device's copy of a step's samples straight from the streams' rings (`ring_copy`: a
     GPU's path by default, forced on the CPU) and the host batch of `Stream.take` (the reference)
     give the same tokens and times, streams joining and leaving, in parts of two streams (each
-    part copies its own slot range); on the CPU both equal the offline pass."""
+    part copies its own slot range, or with `RING_SPAN` 0 its own rows' rings gathered on the
+    host); on the CPU both equal the offline pass."""
+    monkeypatch.setattr(recognizer, "RING_SPAN", span)
     m = fixture_model("rnnt").model.to(device)
     inputs = list(reference("rnnt")["inputs"].values())
     audios = [inp["audio"].numpy() for inp in inputs] * 2
@@ -62,18 +67,18 @@ def test_ring_positions_a_launched_step_copies_are_not_overwritten_before_the_ne
     m = fixture_model("rnnt").model
     audios = [inp["audio"].numpy() for inp in reference("rnnt")["inputs"].values()]
     rec = Recognizer(m, capacity=len(audios), ring_copy=True, part_rows=2)
-    copies: list[tuple[int, int, torch.Tensor, torch.Tensor, int, torch.Tensor]] = []
+    copies: list[tuple[np.ndarray, torch.Tensor, torch.Tensor, int, torch.Tensor]] = []
     segments, release = rec._ring_segments, rec._release_rings
 
-    def ring_segments(lo: int, hi: int, rows: torch.Tensor, at: torch.Tensor, size: int,
+    def ring_segments(slots: np.ndarray, rows: torch.Tensor, at: torch.Tensor, size: int,
                       device: torch.device) -> torch.Tensor:
-        out = segments(lo, hi, rows, at, size, device)
-        copies.append((lo, hi, rows.clone(), at.clone(), size, out.clone()))
+        out = segments(slots, rows, at, size, device)
+        copies.append((slots.copy(), rows.clone(), at.clone(), size, out.clone()))
         return out
 
     def release_rings() -> None:
-        for lo, hi, rows, at, size, out in copies:  # what a late copy would read now
-            assert torch.equal(segments(lo, hi, rows, at, size, torch.device("cpu")), out)
+        for slots, rows, at, size, out in copies:  # what a late copy would read now
+            assert torch.equal(segments(slots, rows, at, size, torch.device("cpu")), out)
         copies.clear()
         release()
 
