@@ -10,9 +10,9 @@ import torch
 
 from helpers import fixture_model, greedy, random_model, reference, run_streams, stream_through, synthetic_audio
 from streamd.decode import transcribe_offline
+from streamd.engine import recognizer
 from streamd.engine.migration import cut_over, placed_copy, stage_cache
 from streamd.engine.placement import move_model
-from streamd.engine import recognizer
 from streamd.engine.recognizer import Launched, Recognizer
 from streamd.engine.stream import Stream
 from streamd.model.transducer import Transducer
