@@ -58,7 +58,8 @@ from torch import Tensor
 from streamd import cuda_capture
 from streamd.buckets import DEFAULT_PER_OCTAVE, bucket_size, check_per_octave
 from streamd.graph_keys import Storages, placement_changes
-from streamd.model.encoder import DROP_EXTRA_PRE_ENCODED, ConformerEncoder, EncoderCache, Workspace, write_chunk
+from streamd.model.encoder import (DROP_EXTRA_PRE_ENCODED, ConformerEncoder, EncoderCache, Workspace, read_rings,
+                                   write_chunk)
 
 log = logging.getLogger("streamd.engine")
 
@@ -191,17 +192,6 @@ class _Static:
             EncoderCache(windows[:, :, :frames - t_out], _front(self.time_out, (layers, n, dm, k)),
                          self.len_out[:n], self.kv, self.head_out[:n]),
             _front(self.enc, (n, *sh["enc"])), self.enc_len[:n])
-
-
-def _read_rings(channel: Tensor, rows: Tensor, out: Tensor) -> None:
-    """out[:, i] = channel[:, rows[i]]: the slots' rings (L, S, C, w) into the front C frames
-    of the windows (L, n, C, w, a strided view), one index_select a layer of the rows flattened
-    to C * w. On an H100 that takes 8.6 ms for 5120 rows of FastConformer-L (17 layers, bf16,
-    160 ms), one index_select of the 4-D view 18.7 ms (benchmarks/h100-2026-12-06)."""
-    layers, slots, c, w = channel.shape
-    flat, n = channel.view(layers, slots, c * w), out.shape[1]
-    for layer in range(layers):
-        torch.index_select(flat[layer], 0, rows, out=out[layer].view(n, c * w))
 
 
 def _front(flat: Tensor, shape: tuple[int, ...]) -> Tensor:
@@ -394,7 +384,7 @@ class EncoderStep:
         v.rows[:b].copy_(rows)
         if n > b:
             v.rows[b:].copy_(rows[:1].expand(n - b))
-        _read_rings(cache.channel, v.rows, v.cache.channel)
+        read_rings(cache.channel, v.rows, v.cache.channel)
         torch.index_select(cache.time, 1, v.rows, out=v.cache.time)
         torch.index_select(cache.channel_len, 0, v.rows, out=v.cache.channel_len)
         assert cache.head is not None and v.cache.head is not None and v.out.head is not None

@@ -17,7 +17,7 @@ from streamd.buckets import bucket_size
 from streamd.engine.encoder_step import EAGER, GRAPHS, EncoderGraphBackend, EncoderGraphKey, EncoderStep
 from streamd.engine.recognizer import Recognizer
 from streamd.engine.types import ChunkGeometry
-from streamd.model.encoder import EncoderCache, write_chunk
+from streamd.model.encoder import EncoderCache, read_rings, write_chunk
 from streamd.model.transducer import Transducer
 
 CONTEXT = ((16, 3),)
@@ -518,6 +518,23 @@ def test_rings_without_left_context_keep_nothing() -> None:
             y, _, alone = m.encoder.streaming_forward(mel, torch.full((2,), w), alone, ctx)
             torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
     assert ring.head is not None and ring.head.tolist() == [0, 0] and ring.channel.shape[2] == 0
+
+
+@pytest.mark.parametrize("c", [5, 0])
+def test_rings_read_one_layer_at_a_time_as_in_one_call(c: int) -> None:
+    """`read_rings`' two ways (one index_select over the 4-D view: the CPU's; one a layer: the
+    GPU's) fill the windows' first C frames alike, rows in any order and repeated (the padded
+    rows of a bucket), and leave the chunk's frames after them alone."""
+    g = torch.Generator().manual_seed(0)
+    channel = torch.randn(3, 7, c, 4, generator=g)
+    rows = torch.tensor([6, 0, 3, 3])
+    got = {}
+    for per_layer in (False, True):
+        windows = torch.full((3, 4, c + 2, 4), -1.0)
+        read_rings(channel, rows, windows[:, :, :c], per_layer=per_layer)
+        got[per_layer] = windows
+    assert torch.equal(got[True], got[False])
+    assert torch.equal(got[True][:, :, :c], channel[:, rows]) and bool((got[True][:, :, c:] == -1).all())
 
 
 def test_a_step_in_the_callers_windows_equals_the_eager_slot_step() -> None:
