@@ -188,7 +188,9 @@ class Recognizer:
         so is every size tried before the first capture while less than `min_free` of the GPU's
         memory is free (serving needs that memory more): smaller ones are still tried; if the
         largest did not fit, later steps launch in parts no larger than the largest that did.
-        Uses free slots and gives them back. Returns the batch sizes stepped, largest first."""
+        Uses free slots and gives them back. Captures every size asked for even where calls are
+        spaced (`EncoderStep.capture_spacing_s`, after a migration): a warm-up is the time to.
+        Returns the batch sizes stepped, largest first."""
         top = min(up_to, len(self._free), self._part_limit())
         sizes = sorted({min(bucket_size(b, per), top) for per in self._bucket_octaves() for b in range(1, top + 1)},
                        reverse=True)
@@ -197,6 +199,8 @@ class Recognizer:
         piece = np.zeros(hop * self.geometry.new_frames(False) + self._logmel.dims.n_fft, dtype=np.float32)
         device = self.model.device
         done: list[int] = []
+        step, spacing = self.encoder_step, self.encoder_step.capture_spacing_s
+        step.capture_spacing_s = 0.0
         try:
             for n in sizes:
                 if device.type == "cuda" and not done:
@@ -215,6 +219,7 @@ class Recognizer:
                     continue
                 done.append(n)
         finally:
+            step.capture_spacing_s = spacing
             for s in streams:
                 self.close(s)
             synchronize_and_free(device)

@@ -139,6 +139,27 @@ def started_engine(master: Any) -> tuple[Recognizer, Engine]:
     return rec, engine
 
 
+
+def test_a_warm_up_after_a_move_captures_every_size() -> None:
+    """After a move the target captures sizes on calls at most one every LAZY_SPACING_S; a
+    warm-up (`capture_graphs`) still captures every size it steps, and the spacing stays."""
+    master = random_model(seed=2, att_context_sizes=CONTEXT)
+    made = Made()
+
+    async def main() -> None:
+        rec, engine = made.started(master)
+        try:
+            report = await engine.migrate(master, None, torch.bfloat16)  # nothing in use: nothing prepared
+            assert report.ok and not rec.encoder_step.buckets, report
+            warmed = await engine.call(lambda r: r.capture_graphs(SLOTS))
+            assert len(warmed) > 1
+            assert rec.encoder_step.buckets == sorted({bucket_size(n, rec.encoder_step.per_octave) for n in warmed})
+            assert rec.encoder_step.capture_spacing_s == migration.LAZY_SPACING_S
+        finally:
+            await engine.stop()
+
+    asyncio.run(main())
+
 def test_the_serving_gap_is_measured_when_streams_go_on() -> None:
     master = random_model(seed=2, att_context_sizes=CONTEXT)
     audio = np.random.default_rng(4).standard_normal(16000 * 40).astype(np.float32) * 0.1
