@@ -11,6 +11,8 @@ for it (`Launched.collect`), so the report also times the same steps without the
     python scripts/profile_engine_step.py --model M.pt --device cpu --dtype fp32 --streams 160 --graphs off
     python scripts/profile_engine_step.py --graphs off --kernels 30   # + the GPU kernels that take the time
     python scripts/profile_engine_step.py --cache input   # NeMo's input cache instead of keys and values
+    python scripts/profile_engine_step.py --streams 4096 --vary 100:500   # as the daemon steps: a
+        # different number of streams each step (its streams' slots spread over all 4096)
 """
 from __future__ import annotations
 
@@ -132,6 +134,9 @@ def main() -> None:
                          "normalised attention inputs (each step projects every cached frame again)")
     ap.add_argument("--kernels", type=int, default=0, metavar="N",
                     help="also print the N operators and kernels with the most GPU time (torch.profiler)")
+    ap.add_argument("--vary", metavar="LO:HI",
+                    help="each step steps a random LO..HI of the streams (its own batch size each step, "
+                         "as the daemon's steps), not all of them")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     from bench_migration import random_model_file  # scripts/: torch and sentencepiece, as here
@@ -145,6 +150,9 @@ def main() -> None:
                      search_factory=lambda m: make_decoder(m, mode, per_octave=4),
                      encoder_factory=lambda m: make_encoder_step(m, mode, n), features=args.features,
                      kv_cache=args.cache == "kv")
+    lo, hi = (int(x) for x in args.vary.split(":")) if args.vary else (n, n)
+    if args.vary:  # the graphs of every bucket up to HI, as the daemon captures them when it starts
+        rec.capture_graphs(hi)
     tone = np.frombuffer(load.tone_bursts(seconds=20.0).pcm, dtype="<i2").astype(np.float32) / 32768
     streams = [rec.open() for _ in range(n)]
     chunk = 160 * 8 * (rec.geometry.right + 1)
@@ -152,18 +160,27 @@ def main() -> None:
     for s in streams:  # one chunk ahead, as a real-time client is (more would wait outside the rings)
         s.push_audio(tone[:chunk])
 
+    rng = np.random.default_rng(1)
+    launches: list[float] = []
+
     def step() -> float:
-        for k, s in enumerate(streams):
+        pick = sorted(rng.choice(n, int(rng.integers(lo, hi + 1)), replace=False)) if args.vary else range(n)
+        batch = [streams[k] for k in pick]
+        for k, s in zip(pick, batch):
             p = pos[k] % (tone.size - chunk)
             s.push_audio(tone[p: p + chunk])
             pos[k] += chunk
         t0 = time.perf_counter()
-        rec.step(streams)
+        launched = rec.launch(batch)
+        launches.append(time.perf_counter() - t0)
+        launched.collect().chunks()
         return time.perf_counter() - t0
 
     for _ in range(3):  # captures graphs for this batch size
         step()
+    launches.clear()
     plain = [step() for _ in range(args.steps)]
+    launch_ms = 1000 * float(np.median(launches))
     prof = cProfile.Profile()
     prof.enable()
     profiled = [step() for _ in range(args.steps)]
@@ -180,10 +197,10 @@ def main() -> None:
 
     rows = {name: cum(pats) / args.steps for name, pats in PHASES.items()}
     step_ms = 1000 * float(np.median(plain))
-    print(f"{n} streams, {args.chunk_ms} ms chunks, {args.device} {args.dtype}, graphs {args.graphs}, "
-          f"features on {args.features}, {args.cache} cache: "
-          f"step {step_ms:.1f} ms median without the profiler ({1000 * total / args.steps:.1f} ms with it; "
-          f"chunk {args.chunk_ms} ms)")
+    print(f"{n} streams{f' ({lo}-{hi} a step)' if args.vary else ''}, {args.chunk_ms} ms chunks, {args.device} "
+          f"{args.dtype}, graphs {args.graphs}, features on {args.features}, {args.cache} cache: "
+          f"step {step_ms:.1f} ms median without the profiler, its launch (host) {launch_ms:.1f} ms "
+          f"({1000 * total / args.steps:.1f} ms with the profiler; chunk {args.chunk_ms} ms)")
     for name, sec in rows.items():
         print(f"  {name:45s} {1000 * sec:8.1f} ms  {100 * sec * args.steps / total:5.1f} %")
     st.sort_stats("tottime").print_stats(15)
@@ -203,7 +220,7 @@ def main() -> None:
         args.json.write_text(json.dumps({"streams": n, "chunk_ms": args.chunk_ms, "device": args.device,
                                          "dtype": args.dtype, "graphs": args.graphs, "features": args.features,
                                          "cache": args.cache,
-                                         "step_ms": step_ms,
+                                         "vary": args.vary, "step_ms": step_ms, "launch_ms": launch_ms,
                                          "profiled_step_ms": 1000 * total / args.steps,
                                          "phases_ms": {k: 1000 * v for k, v in rows.items()},
                                          "synced_phases_ms": synced, "sync_points": syncs,
