@@ -51,6 +51,10 @@ PART_ROWS = 1024  # streams per launched part of a GPU step (see `Recognizer`)
 # 1.7 ms, 545 in 24 ms), the range's copy runs at PCIe speed on a stream of its own, beside
 # the step before: only a much sparser range is worth the host's time.
 RING_SPAN = 16
+# On a GPU the step's log-mel runs on rows padded to this many buckets an octave: cuFFT makes a
+# plan for each batch size it meets (1.3 ms of the engine thread's time at a new size: H100,
+# rows of 250-350 streams), and a daemon's steps are of every size.
+FEATURE_ROWS_PER_OCTAVE = 8
 
 
 class Recognizer:
@@ -410,7 +414,10 @@ class Recognizer:
         real = real if at == real.device else real_host
         y = x[:, 1:] - logmel.dims.preemph * x[:, :-1]
         y = torch.where(torch.arange(y.shape[1], device=at)[None] < (real - 1)[:, None], y, 0.0)
-        return logmel.frames(y).to(device, non_blocking=True)
+        b = y.shape[0]
+        if at.type == "cuda" and b:  # zero rows up to the bucket: few batch sizes for cuFFT
+            y = torch.nn.functional.pad(y, (0, 0, 0, bucket_size(b, FEATURE_ROWS_PER_OCTAVE) - b))
+        return logmel.frames(y)[:b].to(device, non_blocking=True)
 
     def _windows(self, frames: Tensor, rows: Tensor, index: Tensor) -> Tensor:
         """The step's encoder windows, assembled on the model's device, and each slot's tail moved on.
