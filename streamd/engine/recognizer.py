@@ -203,8 +203,8 @@ class Recognizer:
         piece = np.zeros(hop * self.geometry.new_frames(False) + self._logmel.dims.n_fft, dtype=np.float32)
         device = self.model.device
         done: list[int] = []
-        step, spacing = self.encoder_step, self.encoder_step.capture_spacing_s
-        step.capture_spacing_s = 0.0
+        encoder, spacing = self.encoder_step, self.encoder_step.capture_spacing_s
+        encoder.capture_spacing_s = 0.0
         try:
             for n in sizes:
                 if device.type == "cuda" and not done:
@@ -223,7 +223,7 @@ class Recognizer:
                     continue
                 done.append(n)
         finally:
-            step.capture_spacing_s = spacing
+            encoder.capture_spacing_s = spacing
             for s in streams:
                 self.close(s)
             synchronize_and_free(device)
