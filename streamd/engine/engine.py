@@ -343,7 +343,7 @@ class Engine:
         flight is done (False: it lands first, and the streams it held are ready again)."""
         if not self.pipeline_fill:
             return self._count_ready() > 0
-        want = max(1, math.ceil(self.pipeline_fill * len(self._live)))
+        want = max(1, min(self.max_batch, math.ceil(self.pipeline_fill * len(self._live))))
         if self._count_ready() < want:  # a call held meanwhile ends the wait: it needs the pipeline empty
             self._while_stepping(self._flight[0].launched, lambda: bool(self._held) or self._count_ready() >= want)
         return not self._held and self._count_ready() >= want
