@@ -360,11 +360,11 @@ class Engine:
     def _while_stepping(self, launched: Launched, enough: Callable[[], bool] | None = None) -> None:
         """Until the device has run the launched step, or `enough()` (if given) says so: serve the
         sources and take in audio (the engine thread would otherwise sit idle in `collect` for the
-        GPU's share of the step). Stream commands and the named jobs (`Send`, `Watch`, `Unwatch`) are applied now: a
-        slot closed and opened again is reset by the next launch, queued on the device behind
-        the steps in flight, and a stream does not finish while a step of it is in flight. Calls
-        (migrations, warm-up) and the stop are held until no step is in flight (`_land`), in
-        order. Checks the device every `STEP_POLL_S` while the sockets are quiet."""
+        GPU's share of the step). Stream commands and the named jobs (`Send`, `Watch`, `Unwatch`)
+        are applied now: a slot closed and opened again is reset by the next launch, queued on the
+        device behind the steps in flight, and a stream does not finish while a step of it is in
+        flight. Calls (migrations, warm-up) and the stop are held until no step is in flight
+        (`_land`), in order. Checks the device every `STEP_POLL_S` while the sockets are quiet."""
         timeout = 0.0
         while True:
             self.inbox.serve(timeout)
