@@ -304,6 +304,14 @@ def test_pipelined_steps_give_the_results_of_one_step_at_a_time(device: str) -> 
         assert [r.frame_start for r in p[1:]] == [r.frame_end for r in p[:-1]]  # type: ignore[attr-defined]
 
 
+async def until(check: Callable[[], bool], seconds: float = 5.0) -> None:
+    """Wait until `check()` is true, at most `seconds` (the test's assertions say what then)."""
+    for _ in range(int(seconds / 0.01)):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+
+
 def held_steps(rec: Recognizer, batches: list[int]) -> threading.Event:
     """Make `rec`'s launched steps run on a "device" that finishes them only once the returned
     event is set (as a GPU step in flight); each launch's batch size is appended to `batches`."""
@@ -342,12 +350,6 @@ def test_a_step_behind_the_one_in_flight_waits_for_its_share_of_the_streams(fill
     device_done = held_steps(rec, batches)
     engine = Engine(rec, max_batch=4, batch_wait_s=0.0, pipeline=True, pipeline_fill=fill)
     chunk = rec.geometry.samples_for(rec.geometry.frames_after(1))
-
-    async def until(check: Callable[[], bool]) -> None:
-        for _ in range(500):
-            if check():
-                return
-            await asyncio.sleep(0.01)
 
     async def main() -> None:
         engine.start()
@@ -419,10 +421,7 @@ def test_named_jobs_do_not_drain_the_steps_in_flight() -> None:
             engine.send(Outlet(), ["status"])
             engine.add_source(Source())
             theirs.send(b"x")
-            for _ in range(500):
-                if sent and read:
-                    break
-                await asyncio.sleep(0.01)
+            await until(lambda: bool(sent and read))
             assert not call.done()  # held until the pipeline is empty
             device_done.set()
             flight_at_call = await asyncio.wrap_future(call)

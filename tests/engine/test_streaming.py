@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from helpers import fixture_model, greedy, random_model, reference, run_streams, stream_through, synthetic_audio
+from streamd.buckets import bucket_size
 from streamd.decode import transcribe_offline
 from streamd.engine import recognizer
 from streamd.engine.migration import cut_over, placed_copy, stage_cache
@@ -526,8 +527,6 @@ def test_a_gpu_steps_features_make_a_cufft_plan_per_bucket_not_per_batch_size() 
     every batch size it meets, ~1.3 ms of the engine thread each): batches of 33-40 rows make at
     most one plan per bucket, and a row's frames do not depend on the rows beside it (padding
     zeros or other streams' audio)."""
-    from streamd.buckets import bucket_size
-
     cuda = torch.device("cuda")
     rec = Recognizer(random_model(seed=4).cuda(), capacity=2)
     size = rec.geometry.segment_samples(2)
