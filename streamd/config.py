@@ -155,7 +155,6 @@ class EngineConfig:
     dtype: str = "fp32"
     right_context: int | None = None
     batch_wait_ms: int = 10
-    pipeline_fill: float = 0.0
     gil_switch_ms: float = 0.5
     thread_cpu: int | None = None
     cuda_graphs: str = "on"
@@ -169,7 +168,6 @@ class EngineConfig:
         _require(self.right_context is None or self.right_context >= 0, "engine.right_context",
                  "must not be negative", self.right_context)
         _require(0 <= self.batch_wait_ms <= 1000, "engine.batch_wait_ms", "must be in 0..1000", self.batch_wait_ms)
-        _require(0 <= self.pipeline_fill <= 1, "engine.pipeline_fill", "must be in 0..1", self.pipeline_fill)
         _require(0.01 <= self.gil_switch_ms <= 100, "engine.gil_switch_ms", "must be in 0.01..100",
                  self.gil_switch_ms)
         _require(self.cuda_graphs in ("on", "off"), "engine.cuda_graphs", "must be on or off", self.cuda_graphs)
@@ -414,9 +412,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("engine", "right_context", _to_optional_int,
             "attention right context in 80 ms encoder frames (lookahead)", "the model's"),
     Setting("engine", "batch_wait_ms", _to_int, "how long a decode step waits for more streams"),
-    Setting("engine", "pipeline_fill", _to_float,
-            "on a GPU, a step queued behind the one running waits until this share of the live streams "
-            "is ready, or that step ends (0: it takes whatever is ready)"),
     Setting("engine", "gil_switch_ms", _to_float,
             "Python's thread switch interval: the longest the engine waits for the GIL per torch call"),
     Setting("engine", "thread_cpu", _to_optional_int,

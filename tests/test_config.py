@@ -148,7 +148,6 @@ def test_optional_values_can_be_cleared_with_empty_string() -> None:
     (("--drain-timeout-s", "-1"), {}, r"server\.drain_timeout_s must not be negative"),
     (("--max-message-bytes", "10"), {}, r"max_message_bytes must be at least 1024"),
     (("--batch-wait-ms", "5000"), {}, r"engine\.batch_wait_ms must be in 0\.\.1000"),
-    (("--pipeline-fill", "1.5"), {}, r"engine\.pipeline_fill must be in 0\.\.1"),
     (("--right-context", "-1"), {}, r"engine\.right_context must not be negative"),
     (("--cuda-graphs", "maybe"), {}, r"engine\.cuda_graphs must be on or off"),
     (("--thread-cpu", "-1"), {}, r"engine\.thread_cpu must not be negative"),

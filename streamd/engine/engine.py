@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import math
 import sys
 import threading
 import time
@@ -78,19 +77,13 @@ class Engine:
 
     `thread_cpu`: a CPU for the engine thread alone while the model is on a GPU; from `start` to
     `stop` the starting thread (and the threads and processes it starts meanwhile: the front
-    ends) keeps off it (`engine/cpus.py`). None: every thread may use every CPU.
-
-    `pipeline_fill`: a step queued behind the one on the device is launched once this share of
-    the live streams is ready (serving the sources until then), or else after that step has
-    landed; 0: at once with whatever is ready. Every step pays a fixed cost (host and GPU, ~7 ms
-    on an H100 at 160 ms chunks) that small steps launched back to back pay many times."""
+    ends) keeps off it (`engine/cpus.py`). None: every thread may use every CPU."""
 
     def __init__(self, recognizer: Recognizer, max_batch: int, batch_wait_s: float,
                  on_step: StepObserver | None = None, pipeline: bool | None = None,
-                 gil_switch_s: float | None = None, thread_cpu: int | None = None,
-                 pipeline_fill: float = 0.0) -> None:
+                 gil_switch_s: float | None = None, thread_cpu: int | None = None) -> None:
         self.recognizer = recognizer
-        self.max_batch, self.batch_wait_s, self.pipeline_fill = max_batch, batch_wait_s, pipeline_fill
+        self.max_batch, self.batch_wait_s = max_batch, batch_wait_s
         self.pipeline, self.gil_switch_s = pipeline, gil_switch_s
         self._cpu = ThreadCpu(thread_cpu) if thread_cpu is not None else None
         self._on_step = on_step
@@ -324,7 +317,7 @@ class Engine:
             else:
                 # A step is on the device: queue the next behind it (its host work overlaps the
                 # device's), unless a held call needs the pipeline empty; then land the older.
-                if not self._held and self._fill_behind():
+                if not self._held and self._count_ready():
                     self._launch()
                 self._land()
         while self._flight:
@@ -337,17 +330,6 @@ class Engine:
             return self.pipeline
         return self.recognizer.model.device.type == "cuda"
 
-    def _fill_behind(self) -> bool:
-        """Whether to launch a step behind the one in flight now: with `pipeline_fill`, first
-        serve the sources until that share of the live streams is ready (True) or the step in
-        flight is done (False: it lands first, and the streams it held are ready again)."""
-        if not self.pipeline_fill:
-            return self._count_ready() > 0
-        want = max(1, min(self.max_batch, math.ceil(self.pipeline_fill * len(self._live))))
-        if self._count_ready() < want:  # a call held meanwhile ends the wait: it needs the pipeline empty
-            self._while_stepping(self._flight[0].launched, lambda: bool(self._held) or self._count_ready() >= want)
-        return not self._held and self._count_ready() >= want
-
     def _drain(self, timeout: float | None) -> None:
         """Apply what was posted and what the sources have; with nothing posted, first wait at
         most `timeout` seconds (None: until something comes, 0: not at all)."""
@@ -357,14 +339,14 @@ class Engine:
         self._flush()
         self.inbox.update_interest()
 
-    def _while_stepping(self, launched: Launched, enough: Callable[[], bool] | None = None) -> None:
-        """Until the device has run the launched step, or `enough()` (if given) says so: serve the
-        sources and take in audio (the engine thread would otherwise sit idle in `collect` for the
-        GPU's share of the step). Stream commands and the named jobs (`Send`, `Watch`, `Unwatch`)
-        are applied now: a slot closed and opened again is reset by the next launch, queued on the
-        device behind the steps in flight, and a stream does not finish while a step of it is in
-        flight. Calls (migrations, warm-up) and the stop are held until no step is in flight
-        (`_land`), in order. Checks the device every `STEP_POLL_S` while the sockets are quiet."""
+    def _while_stepping(self, launched: Launched) -> None:
+        """Until the device has run the launched step: serve the sources and take in audio
+        (the engine thread would otherwise sit idle in `collect` for the GPU's share of the
+        step). Stream commands and the named jobs (`Send`, `Watch`, `Unwatch`) are applied now: a
+        slot closed and opened again is reset by the next launch, queued on the device behind
+        the steps in flight, and a stream does not finish while a step of it is in flight. Calls
+        (migrations, warm-up) and the stop are held until no step is in flight (`_land`), in
+        order. Checks the device every `STEP_POLL_S` while the sockets are quiet."""
         timeout = 0.0
         while True:
             self.inbox.serve(timeout)
@@ -373,7 +355,7 @@ class Engine:
                     self._held.append(command)
                 else:
                     self._apply(command)
-            if launched.done() or (enough is not None and enough()):
+            if launched.done():
                 return
             timeout = STEP_POLL_S
 

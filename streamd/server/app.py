@@ -79,7 +79,7 @@ def build_state(cfg: Config, metrics: Metrics) -> ServerState:
         admission.observe(seconds, batch)
 
     engine = Engine(rec, cfg.server.max_streams, e.batch_wait_ms / 1000, on_step, gil_switch_s=e.gil_switch_ms / 1000,
-                    thread_cpu=e.thread_cpu, pipeline_fill=e.pipeline_fill)
+                    thread_cpu=e.thread_cpu)
     metrics.set_model(loaded.name, str(device), DTYPE_NAMES[dtype])
     state = ServerState(cfg, loaded.tokenizer, metrics, loaded.name, engine=engine, master=loaded.model,
                         sessions=Sessions(s.resume_grace_s), capacity=admission)
