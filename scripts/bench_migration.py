@@ -73,8 +73,8 @@ CHUNK_RC = {80: 0, 160: 1, 560: 6, 1120: 13}  # chunk ms -> right context
 PREPARE_ALLOWANCE_S = 150.0
 COMPARED_ALLOWANCE_S = 30.0
 
-FASTCONFORMER_L = dict(d_model=512, n_layers=17, n_heads=8, subsampling_channels=256, pred_hidden=640,
-                       joint_hidden=640, ctc_head=True)
+FASTCONFORMER_L: dict[str, Any] = dict(d_model=512, n_layers=17, n_heads=8, subsampling_channels=256, pred_hidden=640,
+                                       joint_hidden=640, ctc_head=True)
 
 
 def make_model(path: Path, vocab: int, seed: int = 0) -> None:
@@ -118,7 +118,9 @@ def calibrate(m: Transducer) -> None:
                                             GreedyLabelLooping.for_model(m).initial_state(1).gproj)
     blank = m.dims.blank_id
     margin = (logits[:, :blank].max(1).values - logits[:, blank])[WARM_FRAMES:]
-    m.joint.joint_net[-1].bias[blank] += torch.quantile(margin, 0.95)
+    out = m.joint.joint_net[-1]
+    assert isinstance(out, torch.nn.Linear)
+    out.bias[blank] += torch.quantile(margin, 0.95)
 
 
 @dataclass(frozen=True)
@@ -377,8 +379,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         same = [i for i, toks in moved["tokens"].items() if still["tokens"].get(i) == toks]
         out["tokens_identical_to_unmoved"] = f"{len(same)} of {len(moved['tokens'])}"
         cuts = [(r["until"] - args.settle, r["move"]) for r in moved["moves"] if r["ok"]]
-        out["tokens_differ"] = [first_difference(i, toks, still["tokens"].get(i, []), *moved["timeline"][i],
-                                                 args.start, cuts)
+        timeline: dict[int, tuple[float | None, list[tuple[float, int]]]] = moved["timeline"]
+        out["tokens_differ"] = [first_difference(i, toks, still["tokens"].get(i, []), *timeline[i], args.start, cuts)
                                 for i, toks in moved["tokens"].items() if i not in same]
         out["tokens_total"] = sum(len(t) for t in moved["tokens"].values())
         if args.control:  # what run-to-run variation alone gives (batches of other shapes, no move)
