@@ -11,7 +11,9 @@ to `--settle` seconds after it returned (the time from sending a piece of audio 
 result that covers it), split into the preparation and the seconds after, beside the `--settle`
 seconds before the first move (which begin `--warmup` seconds after every stream runs: the daemon's
 first steps at each new batch size capture its graphs, a start-up backlog that is not the
-migration's); whether the encoder and decoder run from graphs again; and at the end the streams
+migration's); whether the encoder and decoder run from graphs again, and which share of their calls
+in the `--settle` seconds after the move ran eagerly (sizes the move did not prepare wait their turn
+to be captured: `admin status`'s `calls`, `eager_calls`); and at the end the streams
 dropped (the admin reports so far are written after every move, in case the run is stopped). A
 move that gets no answer in `--move-timeout`, or during which the daemon says its engine stalled
 (`/livez` 503, a minute after its last step), ends the moves with a dump of every daemon thread. For
@@ -230,6 +232,16 @@ def admin(sock: Path, method: str, path: str, body: dict[str, Any] | None = None
     return reply
 
 
+def eager_share(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any] | None:
+    """Between two admin statuses: the engine's encoder and decoder calls (one each per step part)
+    and the share of them that ran eagerly (None: a daemon without the counters, or no call)."""
+    if "calls" not in before or "calls" not in after or after["calls"] <= before["calls"]:
+        return None
+    calls = after["calls"] - before["calls"]
+    return {"calls": calls, **{part: (after["eager_calls"][part] - before["eager_calls"][part]) / calls
+                               for part in ("encoder", "decoder")}}
+
+
 LIVEZ_EVERY_S = 2.0  # how often a move's wait asks the daemon whether its engine stalled
 
 
@@ -309,12 +321,13 @@ def run_daemon(args: argparse.Namespace, model: Path, moves: list[str], tag: str
                                 "error": f"no answer after {time.time() - t:.0f} s ({e})",
                                 **dict.fromkeys(("prepare_ms", "pause_ms", "recapture_ms", "paced_ms", "graphs",
                                                  "serving_gap_ms", "streams_live", "streams_failed", "encoder",
-                                                 "decoder")), "eager_reason": ""})
+                                                 "decoder", "eager_after")), "eager_reason": ""})
                 print(f"  [{tag}] {reports[-1]}", flush=True)
                 Path(args.out).write_text(json.dumps({"partial": True, "tag": tag, "moves": reports}, indent=2))
                 break
             report = reply.get("migration", {})
             done = time.time()  # the preparation (graphs captured while serving) took done - t of it
+            answered = admin(sock, "GET", "/v1/status")
             time.sleep(max(0.0, done + args.settle - time.time()))
             status = admin(sock, "GET", "/v1/status")
             reports.append({"move": move, "at": t, "until": done + args.settle, "ok": reply.get("ok", False),
@@ -324,7 +337,8 @@ def run_daemon(args: argparse.Namespace, model: Path, moves: list[str], tag: str
                             "graphs": report.get("graphs"), "serving_gap_ms": report.get("serving_gap_ms"),
                             "streams_live": report.get("streams"), "streams_failed": report.get("streams_failed"),
                             "encoder": status.get("encoder"),
-                            "decoder": status.get("decoder"), "eager_reason": status.get("eager_reason")})
+                            "decoder": status.get("decoder"), "eager_reason": status.get("eager_reason"),
+                            "eager_after": eager_share(answered, status)})
             print(f"  [{tag}] {reports[-1]}", flush=True)
             # so far, in case the run is stopped before the clients' latencies are in (overwritten at the end)
             Path(args.out).write_text(json.dumps({"partial": True, "tag": tag, "moves": reports}, indent=2))
@@ -457,6 +471,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def eager_txt(share: dict[str, Any] | None) -> str:
+    """`eager_share` as 'encoder %/decoder %' of the calls ('-': not measured)."""
+    return "-" if share is None else f"{100 * share['encoder']:.0f}/{100 * share['decoder']:.0f} %"
+
+
 def main() -> None:
     args = parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout`: the daemon is stopped on the way out
@@ -466,12 +485,13 @@ def main() -> None:
     base = result["latency_before_moves"]
     print(f"result latency before the first move: p95 {fmt(base['p95_s'])} s, max {fmt(base['max_s'])} s")
     print(f"{'move':<16}{'ok':<4}{'pause ms':>10}{'capture ms':>11}{'gap ms':>9}{'p95 s':>8}{'max s':>8}"
-          f"{'prep p95/max':>14}{'after p95/max':>15}  graphs now")
+          f"{'prep p95/max':>14}{'after p95/max':>15}{'eager after':>12}  graphs now")
     for m in result["moves"]:
         prep, after = m["latency_preparing"], m["latency_after"]
         print(f"{m['move']:<16}{'y' if m['ok'] else 'n':<4}{fmt(m['pause_ms']):>10}{fmt(m['recapture_ms']):>11}"
               f"{fmt(m['serving_gap_ms']):>9}{fmt(m['latency_p95_s']):>8}{fmt(m['latency_max_s']):>8}"
-              f"{fmt(prep['p95_s']) + '/' + fmt(prep['max_s']):>14}{fmt(after['p95_s']) + '/' + fmt(after['max_s']):>15}  "
+              f"{fmt(prep['p95_s']) + '/' + fmt(prep['max_s']):>14}{fmt(after['p95_s']) + '/' + fmt(after['max_s']):>15}"
+              f"{eager_txt(m.get('eager_after')):>12}  "
               f"encoder {m['encoder']}, decoder {m['decoder']}{' (' + m['eager_reason'] + ')' if m['eager_reason'] else ''}")
     print(f"{result['streams']} streams at {result['chunk_ms']} ms, {result['workers']} front ends; dropped: "
           f"{result['streams_dropped']}{' ' + str(result['errors']) if result['errors'] else ''}"

@@ -1,6 +1,7 @@
 """`scripts/bench_migration.py`: its wait for a move ends as soon as the daemon says its engine
 stalled (`/livez` 503), not at `--move-timeout` (a hung move held a device call for five minutes);
-token differences are placed, and set beside a second unmoved run's with --control."""
+token differences are placed, and set beside a second unmoved run's with --control; the share of
+calls that ran eagerly after a move is read off two statuses."""
 from __future__ import annotations
 
 import http.server
@@ -126,3 +127,13 @@ def test_the_control_run_says_how_many_streams_two_unmoved_runs_share(monkeypatc
     parsed.control = True
     out = bench_migration.run(parsed)
     assert out["tokens_identical_to_unmoved"] == "2 of 3" and out["unmoved_runs_identical"] == "2 of 3"
+
+
+def test_the_eager_share_after_a_move_is_read_off_two_statuses() -> None:
+    before = {"calls": 100, "eager_calls": {"encoder": 10, "decoder": 0}}
+    after = {"calls": 140, "eager_calls": {"encoder": 20, "decoder": 2}}
+    assert bench_migration.eager_share(before, after) == {"calls": 40, "encoder": 0.25, "decoder": 0.05}
+    assert bench_migration.eager_txt(bench_migration.eager_share(before, after)) == "25/5 %"
+    assert bench_migration.eager_share(before, before) is None  # no call between
+    assert bench_migration.eager_share({}, after) is None  # a daemon without the counters
+    assert bench_migration.eager_txt(None) == "-"

@@ -24,7 +24,7 @@ from streamd.cuda_capture import leave_legacy_stream, private_stream, synchroniz
 from streamd.decoding.graphs import BucketedGraphDecoder, GraphGreedyLabelLooping
 from streamd.decoding.greedy import BatchedHyps, GreedyLabelLooping
 from streamd.decoding.state import DecoderState
-from streamd.engine.encoder_step import EAGER, EncoderStep, make_encoder_step
+from streamd.engine.encoder_step import EAGER, GRAPHS, EncoderStep, make_encoder_step
 from streamd.engine.stream import SlotAudio, Stream
 from streamd.engine.types import ChunkGeometry, ChunkResult, StepResults
 from streamd.errors import CapacityError
@@ -135,6 +135,9 @@ class Recognizer:
         self._staged: EncoderCache | None = None
         self._max_part: int | None = None  # set when the graph warm-up could not fit a whole part
         self._start: tuple[tuple[object, ...], DecoderState] | None = None  # see `_start_row`
+        # Encoder (and decoder) calls since start, one per launched step part, and how many of
+        # them the encoder and the decoder ran eagerly (no CUDA graph: off, not captured yet, failed).
+        self.calls, self.eager_calls = 0, (0, 0)
 
     def use_model(self, model: Transducer, staged: EncoderCache | None = None,
                   steps: tuple[EncoderStep, Search] | None = None) -> None:
@@ -344,7 +347,15 @@ class Recognizer:
         enc, enc_len = self.encoder_step(cache, rows, mel, lengths, start, full, att_context=self.att_context)
         hyps, new_dec = self.search(enc, enc_len, dec.index_select(rows))
         dec.index_copy_(rows, new_dec)
+        self._count_call()
         return _Part(streams, slots, hyps, enc_len)
+
+    def _count_call(self) -> None:
+        """Count a part's encoder and decoder calls, and whether each ran eagerly (`eager_calls`)."""
+        encoder, decoder = self.eager_calls
+        self.calls += 1
+        self.eager_calls = (encoder + (self.encoder_step.mode != GRAPHS),
+                            decoder + (getattr(self.search, "mode", EAGER) == EAGER))
 
     def _copies_rings(self, device: torch.device) -> bool:
         """Whether a step on `device` copies its samples straight from the rings (`ring_copy`)."""

@@ -191,6 +191,8 @@ class EngineStatus:
     cutting_over: bool = False  # a migration is swapping the model in: steps wait
     eager_reason: str = ""  # why the last step encoded or decoded without CUDA graphs ('' when both used them)
     stalled: bool = False  # streams wait and the engine thread has made no step for long (`Engine.stalled`)
+    calls: int = 0  # encoder (and decoder) calls since start: one per launched step part
+    eager_calls: tuple[int, int] = (0, 0)  # of them, those the encoder and the decoder ran eagerly
 
 
 class EngineClient(Protocol):

@@ -100,6 +100,11 @@ class Metrics:
         self.graphs_in_use = Gauge(
             "cuda_graphs_in_use", "1 when the last decode step ran this part from CUDA graphs, 0 when eagerly "
             "(the admin status says why).", ["part"], namespace=ns, registry=r)
+        self.engine_calls = Counter(
+            "engine_calls", "Encoder and decoder calls of the engine's steps (one each per step part), by whether "
+            "they replayed CUDA graphs or ran eagerly (graphs off, a batch size not captured yet, a capture that "
+            "failed).", ["part", "path"], namespace=ns, registry=r)
+        self._calls_seen = (0, 0, 0)  # (calls, eager encoder, eager decoder) counted so far
         self.capacity_estimate = Gauge(
             "capacity_estimate_streams", "Streams this daemon can serve in real time: the largest batch "
             "whose step time fits the admission budget (warm-up probe, then live steps).",
@@ -121,6 +126,7 @@ class Metrics:
                       self.partial_latency, self.final_latency, self.backlog, self.endpoints, self.audio_messages)
         self._remote: dict[int, list[Metric]] = {}
         self.set_graphs(False, False)
+        self.set_calls(0, (0, 0))
         for counter, labels in ((self.rejections, REJECTION_REASONS),
                                 (self.resumes, RESUME_RESULTS),
                                 (self.endpoints, ENDPOINT_RULES),
@@ -145,6 +151,14 @@ class Metrics:
         """Whether the last step's encoder and decoder replayed CUDA graphs."""
         self.graphs_in_use.labels(part="encoder").set(encoder)
         self.graphs_in_use.labels(part="decoder").set(decoder)
+
+    def set_calls(self, calls: int, eager: tuple[int, int]) -> None:
+        """The engine's totals so far (`Recognizer.calls`, `eager_calls`): the counters take the increase."""
+        seen, self._calls_seen = self._calls_seen, (calls, *eager)
+        for part, i in (("encoder", 1), ("decoder", 2)):
+            eager_now = self._calls_seen[i] - seen[i]
+            self.engine_calls.labels(part=part, path="eager").inc(eager_now)
+            self.engine_calls.labels(part=part, path="graphs").inc(calls - seen[0] - eager_now)
 
     def count_endpoint(self, rule: EndpointRule) -> None:
         """An utterance ended by endpoint rule ``rule`` (also the ones without speech, never sent)."""

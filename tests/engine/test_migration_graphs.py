@@ -160,6 +160,49 @@ def test_a_warm_up_after_a_move_captures_every_size() -> None:
 
     asyncio.run(main())
 
+
+def test_the_status_counts_the_calls_that_ran_eagerly_across_a_move() -> None:
+    """Status `calls` and `eager_calls` (encoder, decoder) add up every step part's calls, on
+    whichever encoder step and decoder serve (a move replaces them): replayed calls count as
+    calls only, a size whose capture is held runs the encoder eagerly and counts."""
+    master = random_model(seed=2, att_context_sizes=CONTEXT)
+    made = Made()
+    rng = np.random.default_rng(5)
+
+    async def main() -> None:
+        rec, engine = made.started(master)
+        try:
+            await engine.call(lambda r: r.capture_graphs(SLOTS))
+            sessions = [await engine.open() for _ in range(3)]
+            g, steps = rec.geometry, [0]
+
+            async def step() -> tuple[int, tuple[int, int]]:  # one more step's audio for each stream
+                steps.append(steps[-1] + 1)
+                chunk = g.samples_for(g.frames_after(steps[-1])) - g.samples_for(g.frames_after(steps[-2]))
+                feed(engine, sessions, rng.standard_normal(chunk).astype(np.float32) * 0.1)
+                await results(sessions, 1)
+                return engine.status.calls, engine.status.eager_calls
+
+            calls, eager = await step()
+            assert calls > 0
+            again, eager_again = await step()  # every size captured: replayed
+            assert again > calls and eager_again == eager
+            assert (await engine.migrate(master, None, torch.bfloat16)).ok
+            after, eager_after = await step()  # the target replays the sizes prepared for it
+            assert after > again and eager_after == eager
+
+            def hold(r: Recognizer) -> None:  # no graph for any size now, and none captured on a call
+                r.encoder_step.reset()
+                r.encoder_step.hold_captures = True
+            await engine.call(hold)
+            held, (encoder, decoder) = await step()
+            assert held > after and encoder == eager[0] + held - after and decoder == eager[1]
+        finally:
+            await engine.stop()
+
+    asyncio.run(main())
+
+
 def test_the_serving_gap_is_measured_when_streams_go_on() -> None:
     master = random_model(seed=2, att_context_sizes=CONTEXT)
     audio = np.random.default_rng(4).standard_normal(16000 * 40).astype(np.float32) * 0.1

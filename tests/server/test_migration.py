@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 
 from daemon import config, running, stream_pcm
 from streamd.admin_client import AdminError, check_socket, request
@@ -52,6 +53,7 @@ def test_migrations_mid_stream_lose_nothing(tmp_path: Path) -> None:
             status, body = await admin(sock, "GET", "/v1/status")
             assert body["dtype"] == "fp32" and body["last_migration"]["ok"]
             assert body["encoder"] == "eager" and body["decoder"] == "eager"  # graphs on, but on the CPU
+            assert body["calls"] > 0 and body["eager_calls"] == {"encoder": body["calls"], "decoder": body["calls"]}
             for run in (same, mixed):
                 for t in run:
                     assert t.close_code == 1000 and t.messages[-1]["type"] == "summary"
@@ -66,6 +68,10 @@ def test_migrations_mid_stream_lose_nothing(tmp_path: Path) -> None:
                   f"pauses {[round(r['pause_ms'], 1) for r in moves]} ms")
             text = app.state.metrics.render().decode()
             assert 'streamd_migrations_total{result="ok"} 4.0' in text  # fp32 -> fp32 moves do nothing
+            calls = {(s.labels["part"], s.labels["path"]): s.value for family in text_string_to_metric_families(text)
+                     if family.name == "streamd_engine_calls" for s in family.samples if s.name.endswith("_total")}
+            assert calls[("encoder", "graphs")] == calls[("decoder", "graphs")] == 0.0  # every call eager on the CPU
+            assert calls[("encoder", "eager")] == calls[("decoder", "eager")] > 0
 
     asyncio.run(main())
 
