@@ -68,23 +68,33 @@ def _run_serve(args: argparse.Namespace) -> int:
 def _add_admin(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from streamd.config import default_admin_socket
 
+    def connection(parser: argparse.ArgumentParser, defaults: bool) -> None:
+        """Where the daemon is and how to print its answer: given before the command or after it
+        (`streamd admin --json status` or `streamd admin status --json`); after it, an option only
+        overrides (its default is set once, before)."""
+        def default(value: object) -> object:
+            return value if defaults else argparse.SUPPRESS
+        path = str(default_admin_socket(os.environ))
+        parser.add_argument("--socket", default=default(path), help=f"admin unix socket (default: {path})")
+        parser.add_argument("--url", default=default(None), help="admin TCP endpoint http://HOST:PORT instead of the socket")
+        parser.add_argument("--token-file", default=default(None), help="file with the bearer token (with --url)")
+        parser.add_argument("--json", action="store_true", default=default(False), help="print the full JSON answer")
+
     p = sub.add_parser("admin", help="control a running daemon (status, migrate, drain, undrain)")
-    p.add_argument("--socket", default=str(default_admin_socket(os.environ)),
-                   help="admin unix socket (default: %(default)s)")
-    p.add_argument("--url", help="admin TCP endpoint http://HOST:PORT instead of the socket")
-    p.add_argument("--token-file", help="file with the bearer token (with --url)")
-    p.add_argument("--json", action="store_true", help="print the full JSON answer")
+    connection(p, defaults=True)
     cmds = p.add_subparsers(dest="admin_command", required=True)
-    cmds.add_parser("status", help="device, dtype, streams, capacity, encoder and decoder modes, last migration")
+    s = cmds.add_parser("status", help="device, dtype, streams, capacity, encoder and decoder modes, last migration")
     d = cmds.add_parser("drain", help="stop taking new streams; live ones continue")
     d.add_argument("--handoff", action="store_true",
                    help="also end every live stream now (close 1012) so that its client resumes it on another daemon")
     d.add_argument("--exit", action="store_true",
                    help="exit (status 0) when the last stream has ended; without it the daemon stays up, draining")
-    cmds.add_parser("undrain", help="take new streams again after a drain (/readyz back to 200)")
+    u = cmds.add_parser("undrain", help="take new streams again after a drain (/readyz back to 200)")
     m = cmds.add_parser("migrate", help="move the serving model to another device and/or dtype")
     m.add_argument("--device", help="cpu, cuda, cuda:N (default: unchanged)")
     m.add_argument("--dtype", help="fp32, bf16, fp16 (default: unchanged)")
+    for command in (s, d, u, m):
+        connection(command, defaults=False)
 
 
 def _run_admin(args: argparse.Namespace) -> int:

@@ -62,6 +62,20 @@ def test_admin_migrate_without_flags_names_the_flags(tmp_path: Path, capsys: pyt
     assert "--device" in line and "--dtype" in line and '"device"' not in line, line
 
 
+def test_admin_options_go_before_or_after_the_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    parse = cli.build_parser().parse_args
+    for argv in (["admin", "--json", "--socket", "/a", "status"], ["admin", "status", "--json", "--socket", "/a"],
+                 ["admin", "--socket", "/b", "status", "--socket", "/a", "--json"]):
+        args = parse(argv)
+        assert (args.json, args.socket, args.url) == (True, "/a", None), argv
+    assert parse(["admin", "--url", "http://h:9", "migrate", "--dtype", "bf16"]).url == "http://h:9"
+    assert parse(["admin", "drain", "--exit"]).socket == parse(["admin", "status"]).socket  # the default, once
+    missing = tmp_path / "admin.sock"
+    assert cli.main(["admin", "status", "--json", "--socket", str(missing)]) == 1
+    line = one_line_error(capsys.readouterr().err)
+    assert f"no admin socket at {missing}" in line, line
+
+
 def test_decode_names_what_is_wrong_with_each_file_and_goes_on(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     empty, junk = tmp_path / "empty.wav", tmp_path / "junk.wav"
