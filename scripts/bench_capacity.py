@@ -35,7 +35,7 @@ own cap, so that one GPU call covers the important ones (160 and 1120 ms chunks,
 live and daemon) and adds the rest (graphs off, fp32) when time allows. Prints two tables
 (capacities; every live and daemon level), writes JSON.
 
-The model is a random FastConformer-L sized hybrid (114 M parameters, `bench_migration.make_model`)
+The model is a random FastConformer-L sized hybrid (114 M parameters, `bench_model.make_model`)
 unless `--model` is given.
 
     python scripts/bench_capacity.py --out capacity.json
@@ -572,14 +572,14 @@ def daemon_capacity(model_path: Path, item: Item, guess: int, args: argparse.Nam
 def build_model(args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
     if args.model:
         return Path(args.model), {"path": args.model}
-    from bench_migration import random_model_file
+    from bench_model import random_model_file
 
     t0 = time.monotonic()
     path = random_model_file()
     from streamd.model.checkpoint import load_model
 
     m = load_model(path).model
-    return path, {"path": "random FastConformer-L (bench_migration.make_model)",
+    return path, {"path": "random FastConformer-L (bench_model.make_model)",
                   "parameters": sum(p.numel() for p in m.parameters()), "dims": m.dims.to_dict(),
                   "build_s": round(time.monotonic() - t0, 1)}
 

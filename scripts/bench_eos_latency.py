@@ -25,7 +25,7 @@ Partials: Realtime always sends its deltas; native and Deepgram streams ask for 
 Levels: each face x mode x `--streams` value runs for `--seconds`, stream starts spread over
 `--ramp-s` (random phases against the daemon's steps). Prints p50 / p95 / p99 per level and writes
 JSON with the machine. Starts a daemon (`--model`, default: a random FastConformer-L as in
-`bench_migration.make_model`) or uses `--url`.
+`bench_model.make_model`) or uses `--url`.
 
     python scripts/bench_eos_latency.py --model default --device cpu --streams 1 --chunk-ms 560
     python scripts/bench_eos_latency.py --device cuda --dtype bf16 --chunk-ms 160 --streams 1000 \\
@@ -237,7 +237,7 @@ def build_model(args: argparse.Namespace) -> str:
         return str(resolve_model_path(None))
     if args.model:
         return str(args.model)
-    from bench_migration import random_model_file
+    from bench_model import random_model_file
 
     return str(random_model_file())
 

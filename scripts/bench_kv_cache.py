@@ -34,7 +34,7 @@ CHUNK_RC = {80: 0, 160: 1, 560: 6, 1120: 13}
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", help="model file (default: a random FastConformer-L, bench_migration.make_model)")
+    ap.add_argument("--model", help="model file (default: a random FastConformer-L, bench_model.make_model)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="fp32")
     ap.add_argument("--graphs", default="on", choices=("on", "off"))
@@ -46,7 +46,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    from bench_migration import random_model_file  # scripts/: torch and sentencepiece, as here
+    from bench_model import random_model_file  # scripts/: torch and sentencepiece, as here
 
     loaded = load_model(args.model or random_model_file())
     att_context = loaded.model.dims.att_context_with_right(CHUNK_RC[args.chunk_ms])

@@ -53,20 +53,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import sentencepiece as spm
 import torch
 import websockets
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import load  # noqa: E402 - scripts/load.py: the daemon process and the test audio
 
+from bench_model import make_model  # noqa: E402 - scripts/bench_model.py: the benchmarks' random FastConformer-L
 from streamd.admin_client import AdminError, request  # noqa: E402
-from streamd.decoding.greedy import GreedyLabelLooping  # noqa: E402
-from streamd.model.checkpoint import save_streamd  # noqa: E402
-from streamd.model.dims import ModelDims  # noqa: E402
-from streamd.model.tokenizer import Tokenizer  # noqa: E402
-from streamd.model.transducer import Transducer  # noqa: E402
 
 CHUNK_RC = {80: 0, 160: 1, 560: 6, 1120: 13}  # chunk ms -> right context
 # Audio per stream added per move on a GPU, where the target's graphs are captured first (paced: up
@@ -74,56 +68,6 @@ CHUNK_RC = {80: 0, 160: 1, 560: 6, 1120: 13}  # chunk ms -> right context
 # compared run (fp32 moves of a few streams), which is played to its end twice.
 PREPARE_ALLOWANCE_S = 150.0
 COMPARED_ALLOWANCE_S = 30.0
-
-FASTCONFORMER_L: dict[str, Any] = dict(d_model=512, n_layers=17, n_heads=8, subsampling_channels=256, pred_hidden=640,
-                                       joint_hidden=640, ctc_head=True)
-
-
-def make_model(path: Path, vocab: int, seed: int = 0) -> None:
-    """Random FastConformer-L sized hybrid model with a SentencePiece tokenizer; the joint is
-    biased toward blank so that the emission rate looks like a trained model's."""
-    rng = np.random.default_rng(seed)
-    words = ["".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), rng.integers(2, 9))) for _ in range(4000)]
-    lines = (" ".join(rng.choice(words, 12)) for _ in range(20000))
-    proto = tempfile.NamedTemporaryFile(suffix=".model", delete=False).name[:-6]
-    spm.SentencePieceTrainer.train(sentence_iterator=lines, model_prefix=proto, vocab_size=vocab,
-                                   model_type="bpe", minloglevel=2)
-    tok = Tokenizer(Path(proto + ".model").read_bytes())
-    torch.manual_seed(seed)
-    m = Transducer(ModelDims(vocab_size=tok.vocab_size, **FASTCONFORMER_L)).eval()
-    calibrate(m)
-    save_streamd(path, m, tok, "fastconformer-l-random")
-
-
-def random_model_file(vocab: int = 1024) -> Path:
-    """`make_model` into a new temporary folder: the benchmarks' default model file."""
-    path = Path(tempfile.mkdtemp()) / "fastconformer-l-random.pt"
-    make_model(path, vocab)
-    return path
-
-
-WARM_FRAMES = 25  # 2 s of encoder frames
-
-
-@torch.no_grad()
-def calibrate(m: Transducer) -> None:
-    """Random encoders barely vary over time; make the joint follow the encoder, and give blank
-    the bias that lets it win on ~95% of the frames of the benchmarks' own audio (`load.tone_bursts`),
-    so the decoder emits about one label every two frames (greedy re-checks after each label) and
-    every stream gets partials to time. The first `WARM_FRAMES` are left out: a stream's first
-    frames (empty cache) stand out and would take all the labels."""
-    m.joint.enc.weight.mul_(30)
-    pcm = b"".join(load.tone_bursts(seed=s).pcm for s in range(4))
-    x = torch.from_numpy(np.frombuffer(pcm, "<i2").astype(np.float32) / 32768)[None]
-    enc, _ = m.encoder(*m.preprocessor(x, torch.tensor([x.shape[1]])), m.dims.att_context())
-    logits = m.joint.joint_after_projection(m.joint.project_encoder(enc[0]),
-                                            GreedyLabelLooping.for_model(m).initial_state(1).gproj)
-    blank = m.dims.blank_id
-    margin = (logits[:, :blank].max(1).values - logits[:, blank])[WARM_FRAMES:]
-    out = m.joint.joint_net[-1]
-    assert isinstance(out, torch.nn.Linear)
-    out.bias[blank] += torch.quantile(margin, 0.95)
-
 
 @dataclass(frozen=True)
 class Feed:

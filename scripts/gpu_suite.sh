@@ -36,7 +36,7 @@ status=0
 # MIGRATION_SEND_MS (audio per client message, 100), MIGRATION_THREAD_CPU (`serve --thread-cpu`: a CPU for the engine thread alone, the clients off it; unset, none),
 # MIGRATION_CONTROL=1 (fp32 levels: the unmoved daemon run twice, to say how many streams' tokens differ between runs with no move).
 migration() {
-  python3 -c "import sys; sys.path.insert(0, 'scripts'); from bench_migration import make_model; make_model('/tmp/fcl.pt', 1024)" || return 1
+  python3 -c "import sys; sys.path.insert(0, 'scripts'); from bench_model import make_model; make_model('/tmp/fcl.pt', 1024)" || return 1
   local w=${MIGRATION_WORKERS:-8}
   local half=cuda:0/fp16,cuda:0/bf16,cuda:0/fp16,cuda:0/bf16 full=cuda:0/fp32,cuda:0/bf16,cuda:0/fp32,cuda:0/bf16
   for spec in ${MIGRATION_SPECS:-"160:3000:bf16:$half" "1120:6000:bf16:$half" "160:1500:bf16:$full" "1120:4500:bf16:$full" \
@@ -95,7 +95,7 @@ if [ "$what" = scale ]; then
   #     --engine-cap-s 40 --daemon-cap-s 180 --seconds 8 --warmup-s 2 --workers 8 --client-procs 6" \
   #   bash scripts/gpu_suite.sh scale
   S=$OUT/scale; mkdir -p "$S"
-  python3 -c "import sys; sys.path.insert(0, 'scripts'); from bench_migration import make_model; make_model('/tmp/fcl.pt', 1024)" || exit 1
+  python3 -c "import sys; sys.path.insert(0, 'scripts'); from bench_model import make_model; make_model('/tmp/fcl.pt', 1024)" || exit 1
   timeout ${TEST_TIMEOUT_S:-120} python3 -m pytest -q -m cuda -p no:cacheprovider ${SCALE_TESTS:-tests/engine/test_encoder_step_cuda.py} \
     2>&1 | tee "$S/cuda-tests.log" | tail -3 || status=1
   for spec in ${PROFILES-160:1920:model 1120:5120:model}; do

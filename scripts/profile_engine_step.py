@@ -120,7 +120,7 @@ def kernel_table(step: Any, steps: int, rows: int) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", help="model file (default: a random FastConformer-L, bench_migration.make_model)")
+    ap.add_argument("--model", help="model file (default: a random FastConformer-L, bench_model.make_model)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--graphs", default="on", choices=("on", "off"))
@@ -139,7 +139,7 @@ def main() -> None:
                          "as the daemon's steps), not all of them")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    from bench_migration import random_model_file  # scripts/: torch and sentencepiece, as here
+    from bench_model import random_model_file  # scripts/: torch and sentencepiece, as here
 
     loaded = load_model(args.model or random_model_file())
     att_context = loaded.model.dims.att_context_with_right(CHUNK_RC[args.chunk_ms])
