@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Live-migration benchmark of the production layout: a real `streamd serve --workers N` (its own
 process, front ends included) serving real-time streams of a FastConformer-L sized model (random
-weights; or `--model`), moved by the admin API every `--settle` seconds, e.g. bf16 -> fp16 ->
+weights that decode like a trained model's, `scripts/bench_model.py`; or `--model`), moved by the admin API every `--settle` seconds, e.g. bf16 -> fp16 ->
 bf16. Streams send tone bursts, or loop `--audio` files (speech, for a trained model).
 
 Reports per move: the engine pause, the re-capture of the target's CUDA graphs (before the pause,
