@@ -70,6 +70,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from concurrent.futures import ProcessPoolExecutor
@@ -572,16 +573,17 @@ def daemon_capacity(model_path: Path, item: Item, guess: int, args: argparse.Nam
 def build_model(args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
     if args.model:
         return Path(args.model), {"path": args.model}
-    from bench_model import random_model_file
+    from bench_model import make_model
 
     t0 = time.monotonic()
-    path = random_model_file()
+    path = Path(tempfile.mkdtemp()) / "fastconformer-l-random.pt"
+    rate = make_model(path, 1024)
     from streamd.model.checkpoint import load_model
 
     m = load_model(path).model
     return path, {"path": "random FastConformer-L (bench_model.make_model)",
                   "parameters": sum(p.numel() for p in m.parameters()), "dims": m.dims.to_dict(),
-                  "build_s": round(time.monotonic() - t0, 1)}
+                  "labels_per_frame": round(rate, 3), "build_s": round(time.monotonic() - t0, 1)}
 
 
 def raise_fd_limit() -> None:
@@ -697,7 +699,9 @@ def main(argv: list[str] | None = None) -> int:
     deadline = t_begin + args.budget_s
     report: dict[str, Any] = {"machine": load.machine_info(), "args": {k: str(v) for k, v in vars(args).items()}}
     model_path, report["model"] = build_model(args)
-    print(f"model: {report['model'].get('parameters', model_path)} parameters; plan: "
+    rate = report["model"].get("labels_per_frame")
+    print(f"model: {report['model'].get('parameters', model_path)} parameters"
+          f"{f', decodes {rate} labels a frame' if rate is not None else ''}; plan: "
           f"{', '.join(map(str, args.items))}; budget {args.budget_s:g} s", flush=True)
     results: list[dict[str, Any]] = []
     report["items"] = results

@@ -47,8 +47,9 @@ WARM_FRAMES = 25  # a stream's first 2 s of encoder frames (the cache filling)
 CLIPS, CLIP_S = 8, 8.0  # calibration audio: fresh streams of the benchmarks' tone bursts (seeds 0-7)
 
 
-def make_model(path: Path, vocab: int, seed: int = 0) -> None:
-    """The benchmark model (module docstring) with a `vocab`-piece tokenizer, saved to `path`."""
+def make_model(path: Path, vocab: int, seed: int = 0) -> float:
+    """The benchmark model (module docstring) with a `vocab`-piece tokenizer, saved to `path`.
+    Returns the labels a frame its calibration streams decode to (`calibrate`)."""
     rng = np.random.default_rng(seed)
     words = ["".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), rng.integers(2, 9))) for _ in range(4000)]
     lines = (" ".join(rng.choice(words, 12)) for _ in range(20000))
@@ -58,8 +59,9 @@ def make_model(path: Path, vocab: int, seed: int = 0) -> None:
     tok = Tokenizer(Path(proto + ".model").read_bytes())
     torch.manual_seed(seed)
     m = Transducer(ModelDims(vocab_size=tok.vocab_size, **FASTCONFORMER_L)).eval()
-    calibrate(m)
+    rate = calibrate(m)
     save_streamd(path, m, tok, "fastconformer-l-random")
+    return rate
 
 
 def random_model_file(vocab: int = 1024) -> Path:
