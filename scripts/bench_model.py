@@ -87,7 +87,7 @@ def calibrate(m: Transducer) -> float:
     """Set the joint and the prediction net (module docstring). Returns the labels a frame that
     greedy decoding of the calibration streams emits."""
     enc, n = calibration_frames(m)
-    labels = torch.arange(CLASSES) * (m.dims.blank_id // CLASSES)  # spread over the vocabulary
+    labels = 1 + torch.arange(CLASSES) * ((m.dims.blank_id - 1) // CLASSES)  # over the vocabulary, past <unk> (0)
     codes = _remember_labels(m, labels)
     detect, floor = _recent_label_detector(m, labels, codes)
     scores, frames_mean = _class_directions(enc)  # (CLASSES, d)
