@@ -6,8 +6,8 @@ Random weights alone decode badly for a benchmark: the joint follows the encoder
 wins at a frame wins again after it is emitted, and the decoder emits `max_symbols` (10) labels at
 most frames; stream starts (the attention cache filling) stand out, and any blank bias lets them
 take all the labels. A trained model emits one label at a frame, now and then two, about 0.1-0.4 a
-frame (the repo's default model on the real-speech dev set at 160 ms: 0.1 a frame, at most 3 at
-one; the random weights: 2.4, 10 at most frames). Since the decoder's loop runs until the stream
+frame (the repo's default model on 64 real-speech clips at 160 ms: 0.1 a frame, at most 3 at
+one; the random weights: 2.4-4.2, 10 at most frames). Since the decoder's loop runs until the stream
 with the most labels at a frame is done, that difference is 7-20x the decoder's iterations a step
 and 20x the results.
 
