@@ -21,7 +21,7 @@ from torch import Tensor
 
 from streamd.buckets import bucket_size
 from streamd.cuda_capture import leave_legacy_stream, private_stream, synchronize_and_free
-from streamd.decoding.graphs import BucketedGraphDecoder, GraphGreedyLabelLooping
+from streamd.decoding.graphs import EAGER as DECODER_EAGER, BucketedGraphDecoder, GraphGreedyLabelLooping
 from streamd.decoding.greedy import BatchedHyps, GreedyLabelLooping
 from streamd.decoding.state import DecoderState
 from streamd.engine.encoder_step import EAGER, GRAPHS, EncoderStep, make_encoder_step
@@ -355,7 +355,7 @@ class Recognizer:
         encoder, decoder = self.eager_calls
         self.calls += 1
         self.eager_calls = (encoder + (self.encoder_step.mode != GRAPHS),
-                            decoder + (getattr(self.search, "mode", EAGER) == EAGER))
+                            decoder + (getattr(self.search, "mode", DECODER_EAGER) == DECODER_EAGER))
 
     def _copies_rings(self, device: torch.device) -> bool:
         """Whether a step on `device` copies its samples straight from the rings (`ring_copy`)."""
