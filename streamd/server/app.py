@@ -150,12 +150,14 @@ class App:
                 else:
                     port = _bound_port(await stack.enter_async_context(self.front.listen()))
                     self.front.ready = True
+                # Before the log line and READY=1 that a reload may follow at once (a test, `systemctl
+                # reload`): until this call SIGHUP is ignored (cli.py), and one sent then was lost.
+                _on_signals(loop, (signal.SIGHUP,), self.reload)
                 tls = "s" if cfg.tls_cert else ""
                 log.info("serving %s on ws%s://%s:%d%s (%s, %s%s); browser page http%s://%s:%d/", self.state.model_name,
                          tls, cfg.host, port, STREAM_PATH, self.state.device, self.state.dtype,
                          f", {cfg.workers} front-end processes" if cfg.workers else "", tls, cfg.host, port)
                 notifier.ready(f"serving on port {port}")
-                _on_signals(loop, (signal.SIGHUP,), self.reload)  # until now ignored (cli.py)
                 if started is not None:
                     started.set_result(port)
                 watchdog = asyncio.create_task(_watchdog(notifier, self.state.engine))
