@@ -68,6 +68,11 @@ REQUESTS = ("auto", GRAPHS, EAGER)
 MIN_STATIC_ROWS = 64  # the static buffers' first size: small batches then never regrow them
 HELD = "a move is being prepared: batch sizes without a graph run eagerly until its cut-over"
 SPACED = "the last graph was captured under {:.1f} s ago: batch sizes without one run eagerly until then"
+# A batch whose own bucket has no graph (captures held or spaced, or its capture failed) replays
+# the smallest captured bucket of at most this many times its rows, padded: the padding costs GPU
+# time, an eager call launches every kernel from Python on the engine thread (after a move whose
+# target serves smaller batches than the source, most calls ran eagerly for seconds).
+MAX_PADDING = 2.0
 FallbackObserver = Callable[[str], None]  # (reason)
 
 
@@ -398,8 +403,8 @@ class EncoderStep:
 
     # -- graphs ------------------------------------------------------------------------------
     def _bucket(self, key: EncoderGraphKey, b: int, capture: bool = True) -> _Bucket | None:
-        """The graph of b rows' bucket under `key` (captured now if need be and `capture`; None:
-        it runs eagerly)."""
+        """The graph of b rows' bucket under `key` (captured now if need be and `capture`; else,
+        or if its capture failed, a larger captured one, `_padded`; None: it runs eagerly)."""
         why = key.changes_from(self._key)
         if why:
             self._drop()
@@ -407,12 +412,15 @@ class EncoderStep:
             self.rebuilds += 1
             self.last_rebuild_reason = why
         size = bucket_size(b, self.per_octave)
-        if size in self._failed:
-            return None
         bucket = self._buckets.get(size)
-        if bucket is None and not capture:
-            return None
+        if bucket is None and (not capture or size in self._failed):
+            return self._padded(b)
         return bucket if bucket is not None else self._capture(key, size)
+
+    def _padded(self, b: int) -> _Bucket | None:
+        """The smallest captured bucket for b rows of at most `MAX_PADDING` x b (None: none)."""
+        fits = [size for size in self._buckets if b <= size <= MAX_PADDING * b]
+        return self._buckets[min(fits)] if fits else None
 
     def _capture(self, key: EncoderGraphKey, size: int) -> _Bucket | None:
         t0 = time.perf_counter()

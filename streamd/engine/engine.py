@@ -101,6 +101,9 @@ class Engine:
         self._flight: deque[_Step] = deque()  # launched steps, oldest first (at most two)
         self._held: deque[Command] = deque()  # commands that wait until no step is in flight
         self._landed_at = 0.0  # when the last step's results were delivered (perf_counter)
+        # How far behind serving is (read from any thread): seconds the oldest chunk of the last
+        # landed step waited from its arrival to its results; 0 once nothing waits
+        self.lag_s = 0.0
         self._progress_at = time.perf_counter()  # when the engine thread last launched or landed a step
         self.streams_failed = 0  # streams ended by a failed step since start (a migration reports its share)
         self._last_landed: Launched | None = None  # the step before the one landing next, on the device
@@ -303,7 +306,10 @@ class Engine:
     def _serve(self) -> None:
         while not self._stopping:
             if not self._flight:
-                self._drain(None if not self._count_ready() else 0)
+                ready = self._count_ready()
+                if not ready:
+                    self.lag_s = 0.0
+                self._drain(None if not ready else 0)
                 if self._stopping or not self._count_ready():
                     continue
                 deadline = time.monotonic() + self.batch_wait_s
@@ -473,7 +479,7 @@ class Engine:
             now = time.perf_counter()
             if self._on_step is not None:  # the time this step held the pipeline's output
                 self._on_step(now - max(step.t0, self._landed_at), len(step.batch))
-            self._landed_at = now
+            self._landed_at, self.lag_s = now, now - step.ready_at
             self._status = self._snapshot()
             for waiter in self._landing:
                 with contextlib.suppress(InvalidStateError):  # its migration stopped waiting

@@ -6,11 +6,13 @@
    out of memory) fails before anything changes, and the device is warm.
    The slot-state buffers at the target are allocated then too (`stage_cache`), and the
    target's encoder step and decoder are made, with the CUDA graphs of the batch sizes the
-   serving ones called in the last `IN_USE_S` seconds, those of the last `HOT_S` first, the
-   encoder's and the decoder's in turn (`prepare_steps`, on a side stream), so that the first
-   steps after the move replay graphs instead of capturing them while every stream waits
-   (capturing every size the warm-up made took 10-50 s a move at thousands of streams on an
-   H200). The captures are spaced out (`Pacer`): serving catches up between them.
+   serving ones called in the last `IN_USE_S` seconds (those of the last `HOT_S` first, then
+   those the target placement was called with when it last served, if it did), the encoder's
+   and the decoder's in turn (`prepare_steps`, on a side stream), so that the first steps after
+   the move replay graphs instead of capturing them while every stream waits (capturing every
+   size the warm-up made took 10-50 s a move at thousands of streams on an H200). The captures
+   are spaced out (`Pacer`): serving catches up between them, and none starts while the engine
+   is behind.
    They run on one of two capture streams, not the one the serving graphs were captured on
    (`CAPTURE_STREAMS`): a graph's GEMMs keep using the cuBLAS workspace of its capture stream,
    and destroying a graph frees its stream's workspaces. After the cut-over the engine thread
@@ -67,12 +69,23 @@ log = logging.getLogger("streamd.engine")
 MIN_FREE = 0.1  # the share of a GPU's memory a migration leaves to serving while it prepares
 IN_USE_S = 60.0  # a migration prepares the graphs of the batch sizes called this recently
 HOT_S = 5.0  # ... those called this recently first (the first steps after the move need them)
+# ... then those the target placement itself was called with this recently, when it served before
+# (a move back from fp32 to bf16 steps smaller batches than fp32 did: on an H100 a third to 60 % of
+# the encoder's calls ran eagerly for seconds after it, their sizes waiting for their lazy captures)
+CALLED_BEFORE_S = 600.0
 GAP_WAIT_S = 3.0  # the most a migration waits for the first step after its cut-over (its serving gap)
 # On the target, the engine thread captures the encoder graphs of sizes not prepared at most this
 # far apart (0.1-0.4 s each at 1120 ms chunks and thousands of streams; back to back after a move
 # on an H100, each capture's backlog made larger batches, new sizes again: h100-2026-12-05e)
 LAZY_SPACING_S = 2.0
 CAPTURE_SHARE = 0.5  # the most of a migration's graph-capturing time spent capturing (`Pacer`)
+# No capture starts while the engine's last landed step was this far behind (`Engine.lag_s`; a
+# step's oldest chunk waits about two step times when the engine keeps up: 0.02-0.1 s), waiting
+# at most BEHIND_WAIT_S a capture and BEHIND_BUDGET_S a move, looking every BEHIND_POLL_S.
+BEHIND_LIMIT_S = 0.25
+BEHIND_WAIT_S = 2.0
+BEHIND_BUDGET_S = 60.0
+BEHIND_POLL_S = 0.02
 CAPTURE_STREAMS = ("migration-a", "migration-b")  # moves capture on these in turn (`capture_stream_for`)
 
 
@@ -169,20 +182,32 @@ class Pacer:
     `share` (default `CAPTURE_SHARE`) of the wall time. A capture beside serving takes host (GIL)
     and GPU time from the steps: back to back, 45 s of them let 3000 streams at 160 ms on an
     H200 (about 85 % of the daemon's capacity there) fall 1.3 s behind. A move prepares about
-    1 / share times as long."""
+    1 / share times as long.
+    Then, with `behind` (the engine's `lag_s`), it waits while that is over `BEHIND_LIMIT_S`,
+    at most `BEHIND_WAIT_S` a capture and `BEHIND_BUDGET_S` in all (a daemon that is always
+    behind still moves): at that share, the moves of an H100 at 85 % of its capacity let the
+    results fall 1-2 s behind, one move in four."""
 
     def __init__(self, share: float | None = None, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep, behind: Callable[[], float] | None = None) -> None:
         self.share = CAPTURE_SHARE if share is None else share
-        self.clock, self.sleep = clock, sleep
+        self.clock, self.sleep, self.behind = clock, sleep, behind
         self.returned: float | None = None  # when the last call returned (a capture began)
         self.waited = 0.0  # seconds waited in all
+        self.waited_behind = 0.0  # ... of them while the engine was behind
 
     def __call__(self) -> None:
         if self.returned is not None and self.share < 1:
             wait = (self.clock() - self.returned) * (1 - self.share) / self.share
             self.sleep(wait)
             self.waited += wait
+        if self.behind is not None:
+            start = self.clock()
+            until = start + min(BEHIND_WAIT_S, BEHIND_BUDGET_S - self.waited_behind)
+            while self.behind() > BEHIND_LIMIT_S and self.clock() < until:
+                self.sleep(BEHIND_POLL_S)
+            self.waited_behind += self.clock() - start
+            self.waited += self.clock() - start
         self.returned = self.clock()
 
 
@@ -370,6 +395,7 @@ class Host(Protocol):
 
     recognizer: Recognizer
     streams_failed: int
+    lag_s: float
 
     async def call(self, fn: Callable[[Recognizer], Any]) -> Any: ...
 
@@ -408,8 +434,9 @@ async def migrate(engine: Host, master: Transducer, device: torch.device | None,
         staged = await _prepare(_off_legacy, dev, stage_cache, target, rec.capacity, rec.att_context,
                                          rec.kv_cache)
         now = time.monotonic()
-        in_use = [rec.graph_sizes(now - HOT_S), rec.graph_sizes(now - IN_USE_S)]
-        pace = Pacer()
+        in_use = [rec.graph_sizes(now - HOT_S), rec.sizes_called_at(dev, dt, now - CALLED_BEFORE_S),
+                  rec.graph_sizes(now - IN_USE_S)]
+        pace = Pacer(behind=lambda: engine.lag_s)
 
         def room() -> bool:  # before each capture: serving catches up, and memory allows
             pace()

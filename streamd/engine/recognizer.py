@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import math
 import threading
 from collections.abc import Callable
 
@@ -107,6 +106,10 @@ class Recognizer:
         # The capture stream (`cuda_capture.capturing_on`) of the migration whose graphs serve now
         # ('' before any): the next move captures on the other one.
         self.prepared_on = ""
+        # The batch sizes (buckets) called at each placement a move left ({(device, dtype): ({encoder
+        # bucket: time.monotonic() of its last call}, {decoder's})}): a move back to one prepares
+        # them (`sizes_called_at`); a faster placement steps smaller batches than the one it leaves.
+        self._called_before: dict[tuple[torch.device, torch.dtype], tuple[dict[int, float], dict[int, float]]] = {}
         self.att_context = model.dims.att_context(att_context)
         self.geometry = ChunkGeometry.of(model.dims, self.att_context[1])
         self.features = features
@@ -147,6 +150,9 @@ class Recognizer:
         `steps`: its encoder step and search, made (and their graphs captured) beforehand;
         None: made of the factories now."""
         encoder_step, search = steps if steps is not None else (self.encoder_factory(model), self.search_factory(model))
+        enc, dec = self._called_before.setdefault((self.model.device, self.model.dtype), ({}, {}))
+        enc.update(self.encoder_step.used_at)
+        dec.update(getattr(self.search, "used_at", {}))
         self.model, self.search, self.encoder_step = model, search, encoder_step
         self._staged = staged
 
@@ -157,14 +163,18 @@ class Recognizer:
 
     def graph_sizes(self, since: float | None = None) -> tuple[list[int], list[int]]:
         """The batch sizes (buckets) with captured graphs: the encoder step's, the decoder's;
-        with `since` (a time.monotonic() value) only those called since then."""
-        captured = getattr(self.search, "captured", None)
-        sizes = self.encoder_step.buckets, captured() if captured is not None else []
+        with `since` (a time.monotonic() value) those called since then, captured or not (a size
+        whose capture was held or spaced ran eagerly or padded)."""
         if since is None:
-            return sizes
-        used = self.encoder_step.used_at, getattr(self.search, "used_at", {})
-        return tuple([b for b in part if when.get(b, -math.inf) >= since]  # type: ignore[return-value]
-                     for part, when in zip(sizes, used, strict=True))
+            captured = getattr(self.search, "captured", None)
+            return self.encoder_step.buckets, captured() if captured is not None else []
+        return _called_since((self.encoder_step.used_at, getattr(self.search, "used_at", {})), since)
+
+    def sizes_called_at(self, device: torch.device, dtype: torch.dtype, since: float) -> tuple[list[int], list[int]]:
+        """The encoder's and the decoder's batch sizes (buckets) called since `since` (a
+        time.monotonic() value) when the model last served at `device` and `dtype` before a move
+        ([] for a placement never left)."""
+        return _called_since(self._called_before.get((device, dtype), ({}, {})), since)
 
     def eager_reason(self) -> str:
         """Why the last step encoded or decoded without CUDA graphs ('' when both replayed graphs)."""
@@ -585,3 +595,7 @@ def _host(device: torch.device, shape: tuple[int, ...], dtype: torch.dtype) -> T
     step is queued before the labels are read back."""
     return torch.empty(shape, dtype=dtype, pin_memory=device.type == "cuda")
 
+
+def _called_since(called: tuple[dict[int, float], dict[int, float]], since: float) -> tuple[list[int], list[int]]:
+    enc, dec = ([size for size, at in sorted(part.items()) if at >= since] for part in called)
+    return enc, dec

@@ -225,6 +225,26 @@ def test_spaced_captures_leave_the_sizes_in_between_eager() -> None:
     assert modes[1][0] == EAGER and "captured under 60.0 s ago" in modes[1][1]
 
 
+
+def test_a_size_without_a_graph_replays_a_captured_bucket_of_at_most_twice_its_rows() -> None:
+    """Captures held (or spaced, or failed): a batch of 7 replays the captured bucket of 12,
+    padded (the same outputs as eager); a batch of 5 (12 > 2 x 5) runs eagerly."""
+    m, be = model(), FakeBackend()
+    step = graph_step(m, be)
+    eager = EncoderStep(m.encoder, EAGER)
+    modes = []
+
+    def held(chunk: int) -> None:  # before each chunk's step
+        if chunk:
+            modes.append(step.mode)
+        step.hold_captures = chunk > 0
+
+    got = simulate([step, eager], m, slots=12, chunks=4, seed=0, sizes=(12, 7, 5, 7), between=held)
+    assert_same(got, got)
+    modes.append(step.mode)
+    assert be.captures == [12] and be.replays == 3
+    assert modes == [GRAPHS, GRAPHS, EAGER, GRAPHS]
+
 @pytest.mark.parametrize("kv", [True, False], ids=["kv_cache", "input_cache"])
 @pytest.mark.parametrize("per_octave", [1, 8])
 def test_fake_graphs_equal_eager_with_ragged_windows_and_random_rows(per_octave: int, kv: bool) -> None:
