@@ -186,6 +186,8 @@ def eager_share(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]
                                for part in ("encoder", "decoder")}}
 
 
+STARTED = time.monotonic()  # `--budget-s` counts from here
+END_ALLOWANCE_S = 30.0  # after the last move: the clients stop and hand in their results, the daemon stops
 LIVEZ_EVERY_S = 2.0  # how often a move's wait asks the daemon whether its engine stalled
 
 
@@ -254,6 +256,11 @@ def run_daemon(args: argparse.Namespace, model: Path, moves: list[str], tag: str
         time.sleep(args.settle)
         for i, move in enumerate(moves):
             dev, dt = move.split("/")
+            if args.budget_s and reports and (time.monotonic() - STARTED + reports[-1]["until"] - reports[-1]["at"]
+                                              + END_ALLOWANCE_S > args.budget_s):
+                print(f"  [{tag}] moves {', '.join(moves[i:])} not made: the run's --budget-s {args.budget_s:.0f} "
+                      "would not leave time to measure them", flush=True)
+                break
             if i == 0:
                 spies.append(load.py_spy(daemon.proc.pid, args.py_spy, Path(args.out).with_suffix(f".{tag}.pyspy-move1.txt")))
             t = time.time()
@@ -263,7 +270,7 @@ def run_daemon(args: argparse.Namespace, model: Path, moves: list[str], tag: str
                 dumps.now(f"move {move}: {e}")
                 reports.append({"move": move, "at": t, "until": time.time(), "ok": False,
                                 "error": f"no answer after {time.time() - t:.0f} s ({e})",
-                                **dict.fromkeys(("prepare_ms", "pause_ms", "recapture_ms", "paced_ms", "graphs",
+                                **dict.fromkeys(("prepare_ms", "pause_ms", "recapture_ms", "paced_ms", "behind_ms", "graphs",
                                                  "serving_gap_ms", "streams_live", "streams_failed", "encoder",
                                                  "decoder", "eager_after")), "eager_reason": ""})
                 print(f"  [{tag}] {reports[-1]}", flush=True)
@@ -277,7 +284,7 @@ def run_daemon(args: argparse.Namespace, model: Path, moves: list[str], tag: str
             reports.append({"move": move, "at": t, "until": done + args.settle, "ok": reply.get("ok", False),
                             "error": report.get("error", ""), "prepare_ms": report.get("prepare_ms"),
                             "pause_ms": report.get("pause_ms"), "recapture_ms": report.get("recapture_ms"),
-                            "paced_ms": report.get("paced_ms"),
+                            "paced_ms": report.get("paced_ms"), "behind_ms": report.get("behind_ms"),
                             "graphs": report.get("graphs"), "serving_gap_ms": report.get("serving_gap_ms"),
                             "streams_live": report.get("streams"), "streams_failed": report.get("streams_failed"),
                             "encoder": status.get("encoder"),
@@ -409,6 +416,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "OUT.TAG.stacks.txt (and one when a move gets no answer; default: 0, off)")
     ap.add_argument("--move-timeout", type=float, default=300.0,
                     help="seconds a move's admin call may take; one that gets no answer ends the moves")
+    ap.add_argument("--budget-s", type=float, default=0.0,
+                    help="seconds the whole run may take (0: no limit): no move starts that, at the last "
+                         "move's length, would leave too little to stop and measure the clients (a run cut "
+                         "by `timeout` reports no latencies)")
     ap.add_argument("--py-spy", type=float, default=0.0,
                     help="seconds of py-spy samples of the daemon (engine and front ends): before the first move "
                          "(at most --settle) and from its admin call on, beside --out (default: 0, off)")

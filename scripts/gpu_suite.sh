@@ -48,7 +48,7 @@ migration() {
     [ "$feed" = speech ] && model=(--model streamd/assets/default-model.pt --audio tests/fixtures/real-speech/*.ogg)
     timeout ${MIGRATION_TIMEOUT_S:-540} python3 scripts/bench_migration.py "${model[@]}" --streams "$n" --chunk-ms "$chunk" \
       --workers "$w" --send-ms ${MIGRATION_SEND_MS:-100} --start "cuda:0/$dtype" --moves "$moves" --settle ${MIGRATION_SETTLE_S:-10} --py-spy ${MIGRATION_PY_SPY:-0} \
-      --dump-every ${MIGRATION_DUMP_S:-20} --move-timeout ${MIGRATION_MOVE_TIMEOUT_S:-300} ${MIGRATION_THREAD_CPU:+--thread-cpu $MIGRATION_THREAD_CPU} ${MIGRATION_CONTROL:+--control} \
+      --dump-every ${MIGRATION_DUMP_S:-20} --move-timeout ${MIGRATION_MOVE_TIMEOUT_S:-300} --budget-s $(( ${MIGRATION_TIMEOUT_S:-540} - 10 )) ${MIGRATION_THREAD_CPU:+--thread-cpu $MIGRATION_THREAD_CPU} ${MIGRATION_CONTROL:+--control} \
       --out "$OUT/bench_migration-$chunk-$n-$dtype-${moves//[\/,:]/_}${feed:+-$feed}.json" 2>&1 | grep -v -e Warning -e _VF.lstm \
       | tee -a "$OUT/bench_migration.log" || status=1
   done

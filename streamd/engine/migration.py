@@ -102,6 +102,7 @@ class MigrationReport:
     moved: bool = True  # False: the model already was at the target, nothing was done
     recapture_ms: float = 0.0  # part of prepare_ms: the target's CUDA graphs captured
     paced_ms: float = 0.0  # part of prepare_ms: waited between captures for serving (`Pacer`)
+    behind_ms: float = 0.0  # part of paced_ms: waited because serving was behind (`Pacer.behind`)
     graphs: str = ""  # the batch sizes captured for the target ("encoder 12, decoder 9"), '' on a CPU
     graphs_deferred: int = 0  # batch sizes left to capture on their first step after the move (GPU memory)
     # last results delivered before the pause -> first after it (at most one chunk counted
@@ -444,7 +445,7 @@ async def migrate(engine: Host, master: Transducer, device: torch.device | None,
 
         steps = await _prepare(_off_legacy, dev, prepare_steps, rec, target, in_use, room)
         report.prepare_ms = (time.perf_counter() - t0) * 1000
-        report.paced_ms = pace.waited * 1000
+        report.paced_ms, report.behind_ms = pace.waited * 1000, pace.waited_behind * 1000
         report.recapture_ms, report.graphs = steps.capture_ms - report.paced_ms, steps.graphs
         report.graphs_deferred = steps.deferred
         engine.set_cutting_over(True)

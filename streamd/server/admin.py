@@ -120,6 +120,7 @@ class Control:
                  f"ok, paused {report.pause_ms:.1f} ms, {gap_text}; prepared in {report.prepare_ms:.0f} ms "
                  f"({report.graphs or 'no graphs'} captured in {report.recapture_ms:.0f} ms"
                  f"{f', {report.paced_ms:.0f} ms waited between captures' if report.paced_ms else ''}"
+                 f"{f' ({report.behind_ms:.0f} ms of them while serving was behind)' if report.behind_ms else ''}"
                  f"{f', {report.graphs_deferred} left to their first step' if report.graphs_deferred else ''})" if report.ok
                  else f"failed ({report.error}); still on {report.source}")
         if report.streams_failed:
