@@ -84,6 +84,16 @@ class Made:
         return len(self.encoders[-1].backend.captures), len(self.decoders[-1]._make.keywords["backend"].captures)
 
 
+def warmed_and_called(r: Recognizer) -> list[int]:
+    """The graph warm-up, then as if serving had just called every size it captured (the
+    warm-up's own steps are no calls: `Recognizer.capture_graphs`)."""
+    done = r.capture_graphs(SLOTS)
+    now = time.monotonic()
+    for part, sizes in zip((r.encoder_step, r.search), r.graph_sizes(), strict=True):
+        part.used_at.update(dict.fromkeys(sizes, now))  # type: ignore[union-attr]
+    return done
+
+
 def feed(engine: Engine, sessions: list[Any], audio: np.ndarray) -> None:
     for s in sessions:
         engine.push(s, audio)
@@ -104,19 +114,21 @@ def test_the_targets_graphs_are_captured_before_the_cut_over() -> None:
         try:
             warmed = await engine.call(lambda r: r.capture_graphs(SLOTS))
             assert warmed and made.encoders[0].buckets
+            assert rec.graph_sizes(time.monotonic() - 60) == ([], [])  # the warm-up's steps are no calls
             sessions = [await engine.open() for _ in range(4)]
             chunk = rec.geometry.samples_for(rec.geometry.frames_after(1))
             feed(engine, sessions, rng.standard_normal(chunk).astype(np.float32) * 0.1)
             assert all(r is not None for r in await results(sessions, 1))
             assert engine.status.eager_reason == "" and engine.status.encoder == "graphs"
-            sizes = rec.graph_sizes()
+            sizes = rec.graph_sizes(time.monotonic() - 60)
+            assert sizes == ([bucket_size(4, rec.encoder_step.per_octave)], [bucket_size(4, rec.search.per_octave)])
 
             report = await engine.migrate(master, None, torch.bfloat16)
             assert report.ok and report.moved and report.streams == 4, report
             assert len(made.encoders) == 2 and rec.encoder_step is made.encoders[1]
             assert rec.encoder_step.capture_spacing_s == migration.LAZY_SPACING_S  # the sizes not prepared
             assert made.encoders[0].capture_spacing_s == 0.0  # the daemon's first step: warm-up captures all
-            assert rec.graph_sizes() == sizes  # every batch size the source had, captured for the target
+            assert rec.graph_sizes() == sizes  # every batch size serving called, captured for the target
             assert report.graphs == f"encoder {len(sizes[0])}, decoder {len(sizes[1])}" and report.recapture_ms > 0
             assert report.serving_gap_ms is None  # no stream had a chunk waiting
 
@@ -276,7 +288,7 @@ def test_each_move_captures_on_another_stream_than_the_serving_graphs_came_from(
 
         async def move(dtype: torch.dtype, ok: bool = True) -> str:
             """The capture stream the move's preparation used."""
-            await engine.call(lambda r: r.capture_graphs(SLOTS))  # sizes in use: the move prepares them
+            await engine.call(warmed_and_called)  # sizes in use: the move prepares them
             purposes.clear()
             report = await engine.migrate(master, None, dtype)
             assert report.ok == ok and purposes and len(set(purposes)) == 1, (report, purposes)
@@ -369,7 +381,7 @@ def test_graphs_stop_at_the_memory_kept_for_serving_and_the_rest_follow_the_move
     async def main() -> None:
         rec, engine = made.started(master)
         try:
-            await engine.call(lambda r: r.capture_graphs(SLOTS))
+            await engine.call(warmed_and_called)
             enc_sizes, dec_sizes = rec.graph_sizes()
             assert len(enc_sizes) + len(dec_sizes) > 2
             report = await engine.migrate(master, None, torch.bfloat16)
@@ -414,7 +426,7 @@ def test_the_allocators_cache_is_given_back_once_before_graphs_stop(monkeypatch:
         the cache, and how many graph sizes the warm-up made."""
         rec, engine = Made().started(master)
         try:
-            await engine.call(lambda r: r.capture_graphs(SLOTS))
+            await engine.call(warmed_and_called)
             sizes = sum(map(len, rec.graph_sizes()))
             monkeypatch.setattr(migration, "free_memory", free_memory)
             before = len(emptied)
@@ -441,7 +453,7 @@ def test_only_the_batch_sizes_in_use_are_prepared() -> None:
     async def main() -> None:
         rec, engine = made.started(master)
         try:
-            await engine.call(lambda r: r.capture_graphs(SLOTS))
+            await engine.call(warmed_and_called)
             enc_sizes, dec_sizes = rec.graph_sizes()
             assert len(enc_sizes) > 1 and len(dec_sizes) > 1
             long_ago = -migration.IN_USE_S - 1.0
@@ -478,7 +490,7 @@ def test_a_move_back_prepares_the_sizes_that_placement_was_called_with() -> None
     async def main() -> None:
         rec, engine = made.started(master)
         try:
-            await engine.call(lambda r: r.capture_graphs(SLOTS))
+            await engine.call(warmed_and_called)
             enc_sizes, dec_sizes = rec.graph_sizes()
             fp32 = (enc_sizes[-2:], dec_sizes[-2:])  # fp32 was called with its two largest of each
             await engine.call(lambda r: called_only(r, fp32))
@@ -511,7 +523,7 @@ def test_the_sizes_called_last_are_prepared_first(monkeypatch: pytest.MonkeyPatc
     async def main() -> None:
         rec, engine = made.started(master)
         try:
-            await engine.call(lambda r: r.capture_graphs(SLOTS))
+            await engine.call(warmed_and_called)
             enc_sizes, dec_sizes = rec.graph_sizes()
             assert len(enc_sizes) > 1 and len(dec_sizes) > 1
             for used in (rec.encoder_step.used_at, rec.search.used_at):
@@ -592,7 +604,7 @@ def test_a_migration_paces_every_capture(monkeypatch: pytest.MonkeyPatch) -> Non
     async def main() -> None:
         rec, engine = made.started(master)
         try:
-            await engine.call(lambda r: r.capture_graphs(SLOTS))
+            await engine.call(warmed_and_called)
             enc_sizes, dec_sizes = rec.graph_sizes()
             report = await engine.migrate(master, None, torch.bfloat16)
             assert report.ok and rec.graph_sizes() == (enc_sizes, dec_sizes), report
