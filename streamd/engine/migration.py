@@ -7,12 +7,12 @@
    The slot-state buffers at the target are allocated then too (`stage_cache`), and the
    target's encoder step and decoder are made, with the CUDA graphs of the batch sizes the
    serving ones called in the last `IN_USE_S` seconds (those of the last `HOT_S` first, then
-   those the target placement was called with when it last served, if it did), the encoder's
-   and the decoder's in turn (`prepare_steps`, on a side stream), so that the first steps after
-   the move replay graphs instead of capturing them while every stream waits (capturing every
-   size the warm-up made took 10-50 s a move at thousands of streams on an H200). The captures
-   are spaced out (`Pacer`): serving catches up between them, and none starts while the engine
-   is behind.
+   those the target placement was called with when it last served, if it did; last, a
+   `headroom` of larger sizes for a backlog's batches), the encoder's and the decoder's in turn
+   (`prepare_steps`, on a side stream), so that the first steps after the move replay graphs
+   instead of capturing them while every stream waits (capturing every size the warm-up made
+   took 10-50 s a move at thousands of streams on an H200). The captures are spaced out
+   (`Pacer`): serving catches up between them, and none starts while the engine is behind.
    They run on one of two capture streams, not the one the serving graphs were captured on
    (`CAPTURE_STREAMS`): a graph's GEMMs keep using the cuBLAS workspace of its capture stream,
    and destroying a graph frees its stream's workspaces. After the cut-over the engine thread
@@ -73,6 +73,7 @@ HOT_S = 5.0  # ... those called this recently first (the first steps after the m
 # (a move back from fp32 to bf16 steps smaller batches than fp32 did: on an H100 a third to 60 % of
 # the encoder's calls ran eagerly for seconds after it, their sizes waiting for their lazy captures)
 CALLED_BEFORE_S = 600.0
+HEADROOM = 1.5  # ... and last, the source's graphs of sizes up to this many times the largest called (`headroom`)
 GAP_WAIT_S = 3.0  # the most a migration waits for the first step after its cut-over (its serving gap)
 # On the target, the engine thread captures the encoder graphs of sizes not prepared at most this
 # far apart (0.1-0.4 s each at 1120 ms chunks and thousands of streams; back to back after a move
@@ -310,6 +311,18 @@ def prepare_steps(rec: Recognizer, target: Transducer, sizes: list[tuple[list[in
     return PreparedSteps(encoder_step, search, (time.perf_counter() - t0) * 1000, graphs, deferred, captured_on)
 
 
+def headroom(captured: tuple[list[int], list[int]], called: tuple[list[int], list[int]]
+             ) -> tuple[list[int], list[int]]:
+    """Of the serving graphs' sizes `captured` (encoder's, decoder's), those above the largest
+    `called` and at most `HEADROOM` times it: a move prepares them last, for the larger batches
+    of a backlog (a size with no graph after the move runs eagerly or stalls every stream for
+    its capture, and the graph warm-up's sizes are no calls)."""
+    def above(sizes: list[int], used: list[int]) -> list[int]:
+        top = max(used, default=0)
+        return [b for b in sizes if top < b <= HEADROOM * top]
+    return above(captured[0], called[0]), above(captured[1], called[1])
+
+
 def _in_turn(sizes: list[tuple[list[int], list[int]]]) -> list[tuple[str, int]]:
     """The order `prepare_steps` captures in: group by group, the encoder's and the decoder's
     batch sizes in turn, each largest first; a size only the first time it comes."""
@@ -435,8 +448,9 @@ async def migrate(engine: Host, master: Transducer, device: torch.device | None,
         staged = await _prepare(_off_legacy, dev, stage_cache, target, rec.capacity, rec.att_context,
                                          rec.kv_cache)
         now = time.monotonic()
-        in_use = [rec.graph_sizes(now - HOT_S), rec.sizes_called_at(dev, dt, now - CALLED_BEFORE_S),
-                  rec.graph_sizes(now - IN_USE_S)]
+        recent = rec.graph_sizes(now - IN_USE_S)
+        in_use = [rec.graph_sizes(now - HOT_S), rec.sizes_called_at(dev, dt, now - CALLED_BEFORE_S), recent,
+                  headroom(rec.graph_sizes(), recent)]
         pace = Pacer(behind=lambda: engine.lag_s)
 
         def room() -> bool:  # before each capture: serving catches up, and memory allows

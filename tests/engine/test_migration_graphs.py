@@ -122,14 +122,19 @@ def test_the_targets_graphs_are_captured_before_the_cut_over() -> None:
             assert engine.status.eager_reason == "" and engine.status.encoder == "graphs"
             sizes = rec.graph_sizes(time.monotonic() - 60)
             assert sizes == ([bucket_size(4, rec.encoder_step.per_octave)], [bucket_size(4, rec.search.per_octave)])
+            captured = rec.graph_sizes()
 
             report = await engine.migrate(master, None, torch.bfloat16)
             assert report.ok and report.moved and report.streams == 4, report
             assert len(made.encoders) == 2 and rec.encoder_step is made.encoders[1]
             assert rec.encoder_step.capture_spacing_s == migration.LAZY_SPACING_S  # the sizes not prepared
             assert made.encoders[0].capture_spacing_s == 0.0  # the daemon's first step: warm-up captures all
-            assert rec.graph_sizes() == sizes  # every batch size serving called, captured for the target
-            assert report.graphs == f"encoder {len(sizes[0])}, decoder {len(sizes[1])}" and report.recapture_ms > 0
+            # every batch size serving called, captured for the target, and the source's up to HEADROOM x larger
+            above = migration.headroom(captured, sizes)
+            assert all(b <= migration.HEADROOM * 4 for part in above for b in part) and above[1]
+            assert rec.graph_sizes() == tuple(sorted(a + b) for a, b in zip(sizes, above, strict=True))
+            assert report.graphs == f"encoder {len(rec.graph_sizes()[0])}, decoder {len(rec.graph_sizes()[1])}"
+            assert report.recapture_ms > 0
             assert report.serving_gap_ms is None  # no stream had a chunk waiting
 
             before = made.captures()
@@ -541,6 +546,12 @@ def test_the_sizes_called_last_are_prepared_first(monkeypatch: pytest.MonkeyPatc
             await engine.stop()
 
     asyncio.run(main())
+
+
+def test_the_headroom_is_the_captured_sizes_above_the_largest_called() -> None:
+    captured = ([8, 9, 10, 12, 14, 16, 18], [4, 8, 16])
+    assert migration.headroom(captured, ([8, 10], [4])) == ([12, 14], [])  # 10 < b <= 15
+    assert migration.headroom(captured, ([], [16])) == ([], [])  # nothing called: nothing above it
 
 
 def test_the_pacer_gives_serving_the_time_between_captures() -> None:
