@@ -477,9 +477,10 @@ class Engine:
         self._progress_at = time.perf_counter()
         if results is not None:
             now = time.perf_counter()
+            self.lag_s = now - step.ready_at
             if self._on_step is not None:  # the time this step held the pipeline's output
                 self._on_step(now - max(step.t0, self._landed_at), len(step.batch))
-            self._landed_at, self.lag_s = now, now - step.ready_at
+            self._landed_at = now
             self._status = self._snapshot()
             for waiter in self._landing:
                 with contextlib.suppress(InvalidStateError):  # its migration stopped waiting

@@ -55,6 +55,30 @@ def test_streams_closing_during_the_batch_wait_start_no_empty_step(caplog: pytes
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
+def test_lag_is_how_long_the_last_steps_oldest_chunk_waited_and_nothing_once_caught_up() -> None:
+    """`Engine.lag_s` (what a migration's captures wait on): a chunk that waited out a 0.3-s batch
+    wait for a second stream makes the step's lag at least that; with nothing waiting it is 0."""
+    rec = Recognizer(random_model(), capacity=4)
+    lags: list[float] = []
+
+    async def main() -> None:
+        engine = Engine(rec, max_batch=4, batch_wait_s=0.3, on_step=lambda *_: lags.append(engine.lag_s))
+        engine.start()
+        try:
+            ready, _idle = await engine.open(), await engine.open()  # the batch waits for the idle one
+            engine.push(ready, np.zeros(rec.geometry.samples_for(rec.geometry.frames_after(1)), dtype=np.float32))
+            assert await asyncio.wait_for(ready.results.get(), 30) is not None
+            deadline = time.monotonic() + 5
+            while engine.lag_s and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            assert engine.lag_s == 0.0
+        finally:
+            await engine.stop()
+
+    asyncio.run(main())
+    assert len(lags) == 1 and lags[0] >= 0.3
+
+
 def test_capture_graphs_steps_every_bucket_and_frees_its_slots() -> None:
     """The daemon's warm-up on a GPU: one step per batch bucket up to the capacity, largest
     first (here eagerly, on the CPU); afterwards every slot is free again."""
