@@ -426,6 +426,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def seconds(ms: float | None) -> float | None:
+    return None if ms is None else ms / 1000
+
+
 def eager_txt(share: dict[str, Any] | None) -> str:
     """`eager_share` as 'encoder %/decoder %' of the calls ('-': not measured)."""
     return "-" if share is None else f"{100 * share['encoder']:.0f}/{100 * share['decoder']:.0f} %"
@@ -439,12 +443,13 @@ def main() -> None:
     result = run(args)
     base = result["latency_before_moves"]
     print(f"result latency before the first move: p95 {fmt(base['p95_s'])} s, max {fmt(base['max_s'])} s")
-    print(f"{'move':<16}{'ok':<4}{'pause ms':>10}{'capture ms':>11}{'gap ms':>9}{'p95 s':>8}{'max s':>8}"
+    print(f"{'move':<16}{'ok':<4}{'pause ms':>10}{'capture ms':>11}{'prep s':>8}{'behind s':>9}{'gap ms':>9}"
+          f"{'p95 s':>8}{'max s':>8}"
           f"{'prep p95/max':>14}{'after p95/max':>15}{'eager after':>12}  graphs now")
     for m in result["moves"]:
         prep, after = m["latency_preparing"], m["latency_after"]
         print(f"{m['move']:<16}{'y' if m['ok'] else 'n':<4}{fmt(m['pause_ms']):>10}{fmt(m['recapture_ms']):>11}"
-              f"{fmt(m['serving_gap_ms']):>9}{fmt(m['latency_p95_s']):>8}{fmt(m['latency_max_s']):>8}"
+              f"{fmt(seconds(m['prepare_ms'])):>8}{fmt(seconds(m.get('behind_ms'))):>9}{fmt(m['serving_gap_ms']):>9}{fmt(m['latency_p95_s']):>8}{fmt(m['latency_max_s']):>8}"
               f"{fmt(prep['p95_s']) + '/' + fmt(prep['max_s']):>14}{fmt(after['p95_s']) + '/' + fmt(after['max_s']):>15}"
               f"{eager_txt(m.get('eager_after')):>12}  "
               f"encoder {m['encoder']}, decoder {m['decoder']}{' (' + m['eager_reason'] + ')' if m['eager_reason'] else ''}")
