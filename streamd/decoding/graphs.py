@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from streamd import cuda_capture
-from streamd.buckets import bucket_size, check_per_octave
+from streamd.buckets import bucket_size, check_per_octave, padded_bucket
 from streamd.graph_keys import Storages, placement_changes
 from streamd.decoding.greedy import DEFAULT_MAX_SYMBOLS, BatchedHyps, GreedyLabelLooping, LoopState
 from streamd.decoding.state import DecoderState
@@ -466,6 +466,12 @@ class BucketedGraphDecoder:
         self._buckets: dict[int, GraphGreedyLabelLooping] = {}
         self._last: GraphGreedyLabelLooping | None = None
         self.used_at: dict[int, float] = {}  # bucket size -> time.monotonic() of its last call
+        # A call captures a new bucket at most once in this long; a size without graphs in between
+        # replays a captured bucket of up to `MAX_PADDING` x its rows where there is one, else
+        # captures (a move's target: the sizes it did not prepare came back to back after the
+        # cut-over, each capture stalling every stream; set by `engine.migration`). `prepare` is not spaced.
+        self.capture_spacing_s = 0.0
+        self._captured_at = -float("inf")  # time.monotonic() of the last capture on a call
 
     @property
     def requested(self) -> str:
@@ -529,13 +535,22 @@ class BucketedGraphDecoder:
     def __call__(self, enc: Tensor, lengths: Tensor, state: DecoderState | None = None
                  ) -> tuple[BatchedHyps, DecoderState]:
         """As `GraphGreedyLabelLooping.__call__`."""
-        size = bucket_size(max(1, int(enc.shape[0])), self.per_octave)
-        self.used_at[size] = time.monotonic()
+        b = max(1, int(enc.shape[0]))
+        size, now = bucket_size(b, self.per_octave), time.monotonic()
+        self.used_at[size] = now
         d = self._buckets.get(size)
+        fresh = d is None or d.key is None
+        if fresh and now - self._captured_at < self.capture_spacing_s:
+            padded = padded_bucket(b, self.captured())
+            if padded is not None:
+                d, fresh = self._buckets[padded], False
         if d is None:
             d = self._buckets[size] = self._make(max_batch=size)
         self._last = d
-        return d(enc, lengths, state)
+        out = d(enc, lengths, state)
+        if fresh and d.key is not None:
+            self._captured_at = now
+        return out
 
 
 _MAKE_MODES = {"auto": "auto", "graphs": NO_WHILE_LOOPS, NO_WHILE_LOOPS: NO_WHILE_LOOPS,

@@ -56,7 +56,7 @@ import torch
 from torch import Tensor
 
 from streamd import cuda_capture
-from streamd.buckets import DEFAULT_PER_OCTAVE, bucket_size, check_per_octave
+from streamd.buckets import DEFAULT_PER_OCTAVE, bucket_size, check_per_octave, padded_bucket
 from streamd.graph_keys import Storages, placement_changes
 from streamd.model.encoder import (DROP_EXTRA_PRE_ENCODED, ConformerEncoder, EncoderCache, Workspace, read_rings,
                                    write_chunk)
@@ -68,11 +68,6 @@ REQUESTS = ("auto", GRAPHS, EAGER)
 MIN_STATIC_ROWS = 64  # the static buffers' first size: small batches then never regrow them
 HELD = "a move is being prepared: batch sizes without a graph run eagerly until its cut-over"
 SPACED = "the last graph was captured under {:.1f} s ago: batch sizes without one run eagerly until then"
-# A batch whose own bucket has no graph (captures held or spaced, or its capture failed) replays
-# the smallest captured bucket of at most this many times its rows, padded: the padding costs GPU
-# time, an eager call launches every kernel from Python on the engine thread (after a move whose
-# target serves smaller batches than the source, most calls ran eagerly for seconds).
-MAX_PADDING = 2.0
 FallbackObserver = Callable[[str], None]  # (reason)
 
 
@@ -418,9 +413,9 @@ class EncoderStep:
         return bucket if bucket is not None else self._capture(key, size)
 
     def _padded(self, b: int) -> _Bucket | None:
-        """The smallest captured bucket for b rows of at most `MAX_PADDING` x b (None: none)."""
-        fits = [size for size in self._buckets if b <= size <= MAX_PADDING * b]
-        return self._buckets[min(fits)] if fits else None
+        """A captured bucket for b rows, padded (`streamd.buckets.padded_bucket`; None: none)."""
+        size = padded_bucket(b, self._buckets)
+        return self._buckets[size] if size is not None else None
 
     def _capture(self, key: EncoderGraphKey, size: int) -> _Bucket | None:
         t0 = time.perf_counter()

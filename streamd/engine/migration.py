@@ -35,8 +35,10 @@
    its prepared steps in and copies every live stream's encoder caches and decoder state to the
    target. On any error everything is put back as it was (the source's graphs included).
 3. A batch size without a prepared graph is captured lazily on its first step, as after a
-   plain `model.to(...)`, but at most one every `LAZY_SPACING_S` (the sizes in between run
-   eagerly), so that a backlog of captures cannot build up.
+   plain `model.to(...)`, but at most one every `LAZY_SPACING_S` for the encoder and one for the
+   decoder (a size in between replays a captured graph of up to twice its rows, padded, where
+   there is one, else the encoder's runs eagerly and the decoder's captures), so that a backlog
+   of captures cannot build up.
 
 `migrate` runs the three on the event loop for `Engine.migrate` and reports (`MigrationReport`).
 """
@@ -77,7 +79,8 @@ HEADROOM = 1.5  # ... and last, the source's graphs of sizes up to this many tim
 GAP_WAIT_S = 3.0  # the most a migration waits for the first step after its cut-over (its serving gap)
 # On the target, the engine thread captures the encoder graphs of sizes not prepared at most this
 # far apart (0.1-0.4 s each at 1120 ms chunks and thousands of streams; back to back after a move
-# on an H100, each capture's backlog made larger batches, new sizes again: h100-2026-12-05e)
+# on an H100, each capture's backlog made larger batches, new sizes again: h100-2026-12-05e), and
+# the decoder's too (12 back to back in 6 s after a move at 3000 streams, 160 ms: h100-2026-12-06d)
 LAZY_SPACING_S = 2.0
 CAPTURE_SHARE = 0.5  # the most of a migration's graph-capturing time spent capturing (`Pacer`)
 # No capture starts while the engine's last landed step was this far behind (`Engine.lag_s`; a
@@ -277,8 +280,9 @@ def prepare_steps(rec: Recognizer, target: Transducer, sizes: list[tuple[list[in
     group the encoder's and the decoder's sizes in turn, each largest first (`_in_turn`: a step
     needs both graphs; encoder sizes first in full left the decoder none when room ran out).
     A size not captured (no room, or out of memory) is left to the lazy capture on its first
-    step, those captures spaced `LAZY_SPACING_S` apart on the target's encoder step (sizes in
-    between run eagerly); on a CPU nothing is captured."""
+    step, those captures spaced `LAZY_SPACING_S` apart on the target's encoder step and
+    decoder (sizes in between replay a larger graph, padded, or run eagerly); on a CPU nothing
+    is captured."""
     t0 = time.perf_counter()
     stopped = False
 
@@ -289,6 +293,8 @@ def prepare_steps(rec: Recognizer, target: Transducer, sizes: list[tuple[list[in
 
     encoder_step, search = rec.encoder_factory(target), rec.search_factory(target)
     encoder_step.capture_spacing_s = LAZY_SPACING_S
+    if hasattr(search, "capture_spacing_s"):
+        search.capture_spacing_s = LAZY_SPACING_S
     prepare = getattr(search, "prepare", None)
     enc: list[int] = []
     dec: list[int] = []

@@ -206,7 +206,8 @@ class Recognizer:
         memory is free (serving needs that memory more): smaller ones are still tried; if the
         largest did not fit, later steps launch in parts no larger than the largest that did.
         Uses free slots and gives them back. Captures every size asked for even where calls are
-        spaced (`EncoderStep.capture_spacing_s`, after a migration): a warm-up is the time to.
+        spaced (`capture_spacing_s` of the encoder step and decoder, after a migration): a
+        warm-up is the time to.
         Its steps are not calls of their sizes (`used_at`): a migration prepares the sizes that
         serving called (every warm-up size made an H100's first move at 3000 streams prepare 95
         graphs in 70-100 s). Returns the batch sizes stepped, largest first."""
@@ -218,9 +219,11 @@ class Recognizer:
         piece = np.zeros(hop * self.geometry.new_frames(False) + self._logmel.dims.n_fft, dtype=np.float32)
         device = self.model.device
         done: list[int] = []
-        encoder, spacing = self.encoder_step, self.encoder_step.capture_spacing_s
-        encoder.capture_spacing_s = 0.0
-        called = [(part, dict(part.used_at)) for part in (encoder, self.search) if hasattr(part, "used_at")]
+        parts = (self.encoder_step, self.search)
+        spaced = [(part, part.capture_spacing_s) for part in parts if hasattr(part, "capture_spacing_s")]
+        called = [(part, dict(part.used_at)) for part in parts if hasattr(part, "used_at")]
+        for part, _ in spaced:
+            part.capture_spacing_s = 0.0
         try:
             for n in sizes:
                 if device.type == "cuda" and not done:
@@ -239,7 +242,8 @@ class Recognizer:
                     continue
                 done.append(n)
         finally:
-            encoder.capture_spacing_s = spacing
+            for part, spacing in spaced:
+                part.capture_spacing_s = spacing
             for part, before in called:
                 part.used_at = before
             for s in streams:

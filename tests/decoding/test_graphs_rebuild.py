@@ -445,6 +445,25 @@ def test_bucketed_decoder_equals_reference_and_captures_once_per_bucket() -> Non
     assert d.rebuilds == len(sizes)
 
 
+def test_spaced_captures_replay_a_captured_bucket_of_at_most_twice_the_rows() -> None:
+    """With `capture_spacing_s`, a size without graphs soon after a capture replays a captured
+    bucket of at most twice its rows (7 rows: the graphs of 12), the same labels as the reference;
+    with none that large enough it captures (5 rows: 12 > 10), and only then."""
+    m, be = trained_like(), FakeBackend()
+    d, ref = bucketed(m, be, per_octave=2), reference(m)
+    d.capture_spacing_s = 60.0
+    rng = np.random.default_rng(4)
+    captures, modes = [], []
+    for b in (12, 7, 5, 7):
+        enc = torch.from_numpy(rng.standard_normal((b, 7, m.dims.d_model)).astype(np.float32))
+        lengths = torch.full((b,), 7)
+        assert d(enc, lengths)[0].to_lists() == ref(enc, lengths)[0].to_lists()
+        captures.append(len(be.captures))
+        modes.append(d.mode)
+    assert captures == [1, 1, 2, 2] and d.captured() == [6, 12] and FULL_GRAPH in modes and EAGER not in modes
+    assert sorted(d.used_at) == [6, 8, 12]  # the sizes called, captured or not (a migration prepares them)
+
+
 def test_bucketed_decoder_rebuilds_each_bucket_after_a_cast() -> None:
     m, be = trained_like(), FakeBackend()
     d, ref = bucketed(m, be), reference(m)

@@ -128,6 +128,7 @@ def test_the_targets_graphs_are_captured_before_the_cut_over() -> None:
             assert report.ok and report.moved and report.streams == 4, report
             assert len(made.encoders) == 2 and rec.encoder_step is made.encoders[1]
             assert rec.encoder_step.capture_spacing_s == migration.LAZY_SPACING_S  # the sizes not prepared
+            assert rec.search.capture_spacing_s == migration.LAZY_SPACING_S  # type: ignore[union-attr]
             assert made.encoders[0].capture_spacing_s == 0.0  # the daemon's first step: warm-up captures all
             # every batch size serving called, captured for the target, and the source's up to HEADROOM x larger
             above = migration.headroom(captured, sizes)
@@ -172,7 +173,9 @@ def test_a_warm_up_after_a_move_captures_every_size() -> None:
             warmed = await engine.call(lambda r: r.capture_graphs(SLOTS))
             assert len(warmed) > 1
             assert rec.encoder_step.buckets == sorted({bucket_size(n, rec.encoder_step.per_octave) for n in warmed})
+            assert rec.search.captured() == sorted({bucket_size(n, rec.search.per_octave) for n in warmed})  # type: ignore[union-attr]
             assert rec.encoder_step.capture_spacing_s == migration.LAZY_SPACING_S
+            assert rec.search.capture_spacing_s == migration.LAZY_SPACING_S  # type: ignore[union-attr]
         finally:
             await engine.stop()
 
