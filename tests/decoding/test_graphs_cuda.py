@@ -11,7 +11,8 @@ import torch
 
 from helpers import random_model, run_streams, synthetic_audio
 from streamd.decoding.cuda_conditional import unsupported_reason
-from streamd.decoding.graphs import EAGER, FULL_GRAPH, NO_WHILE_LOOPS, GraphGreedyLabelLooping, make_decoder
+from streamd.decoding.graphs import (EAGER, FULL_GRAPH, NO_WHILE_LOOPS, BucketedGraphDecoder, GraphGreedyLabelLooping,
+                                     make_decoder)
 from streamd.decoding.greedy import GreedyLabelLooping
 from streamd.model.transducer import Transducer
 from test_graphs_rebuild import CapacityAndDeviceIndexOnly, n_labels, simulate, trained_like
@@ -287,3 +288,18 @@ def test_make_decoder_on_cuda() -> None:
     assert got == want
     expect_mode(d, FULL_GRAPH)
     assert type(make_decoder(m, "eager")) is GreedyLabelLooping
+
+
+def test_a_size_replaying_a_larger_captured_bucket_equals_reference() -> None:
+    """Captures spaced: 7 rows replay the graphs of 12 (padded), the same labels as the reference;
+    5 rows capture their own."""
+    m = trained_like().cuda()
+    d, ref = BucketedGraphDecoder(m.decoder, m.joint, m.dims.blank_id, per_octave=2), reference(m)
+    d.capture_spacing_s = 60.0
+    g = torch.Generator(device="cuda").manual_seed(4)
+    for b in (12, 7, 5, 7):
+        enc = torch.randn((b, 7, m.dims.d_model), device="cuda", generator=g)
+        lengths = torch.full((b,), 7, device="cuda")
+        assert d(enc, lengths)[0].to_lists() == ref(enc, lengths)[0].to_lists()
+        assert d.mode != EAGER
+    assert d.captured() == [6, 12]

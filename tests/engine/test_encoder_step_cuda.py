@@ -245,3 +245,21 @@ def test_a_failed_capture_falls_back_to_eager_and_cuda_keeps_working() -> None:
     again = simulate([eager, good], m, slots=9, chunks=6, seed=8)
     close(again, again, 1, 1e-4)
     assert good.mode == GRAPHS
+
+
+def test_a_size_replaying_a_larger_captured_graph_equals_eager() -> None:
+    """Captures held: 7 rows replay the graph of 12 (padded), 5 rows run eagerly; outputs and
+    caches as the eager step's."""
+    m = model(4)
+    eager, graphs = EncoderStep(m.encoder, EAGER), EncoderStep(m.encoder, GRAPHS)
+    modes: list[str] = []
+
+    def held(chunk: int) -> None:
+        if chunk:
+            modes.append(graphs.mode)
+        graphs.hold_captures = chunk > 0
+
+    got = simulate([eager, graphs], m, slots=12, chunks=4, seed=4, sizes=(12, 7, 5, 7), between=held)
+    close(got, got, 1, 1e-4)
+    modes.append(graphs.mode)
+    assert modes == [GRAPHS, GRAPHS, EAGER, GRAPHS] and graphs.buckets == [12]
