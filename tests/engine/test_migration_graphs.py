@@ -94,6 +94,15 @@ def warmed_and_called(r: Recognizer) -> list[int]:
     return done
 
 
+def called_ago(r: Recognizer, seconds: float, keep: tuple[list[int], list[int]] = ([], [])) -> None:
+    """As if every size the encoder step and decoder were called with, but `keep`'s, had last
+    been called `seconds` earlier."""
+    for used, kept in zip((r.encoder_step.used_at, r.search.used_at), keep, strict=True):  # type: ignore[union-attr]
+        for size in used:
+            if size not in kept:
+                used[size] -= seconds
+
+
 def feed(engine: Engine, sessions: list[Any], audio: np.ndarray) -> None:
     for s in sessions:
         engine.push(s, audio)
@@ -464,10 +473,7 @@ def test_only_the_batch_sizes_in_use_are_prepared() -> None:
             await engine.call(warmed_and_called)
             enc_sizes, dec_sizes = rec.graph_sizes()
             assert len(enc_sizes) > 1 and len(dec_sizes) > 1
-            long_ago = -migration.IN_USE_S - 1.0
-            for used in (rec.encoder_step.used_at, rec.search.used_at):
-                for size in used:
-                    used[size] += long_ago  # as if the warm-up had been a minute ago
+            called_ago(rec, migration.IN_USE_S + 1.0)  # as if the warm-up had been a minute ago
             session = await engine.open()
             feed(engine, [session], rng.standard_normal(rec.geometry.chunk_ms * 16).astype(np.float32) * 0.1)
             await results([session], 1)
@@ -489,19 +495,13 @@ def test_a_move_back_prepares_the_sizes_that_placement_was_called_with() -> None
     made = Made()
     rng = np.random.default_rng(5)
 
-    def called_only(r: Recognizer, keep: tuple[list[int], list[int]]) -> None:  # the rest long ago
-        for used, kept in zip((r.encoder_step.used_at, r.search.used_at), keep, strict=True):
-            for size in used:
-                if size not in kept:
-                    used[size] -= migration.CALLED_BEFORE_S + 1.0
-
     async def main() -> None:
         rec, engine = made.started(master)
         try:
             await engine.call(warmed_and_called)
             enc_sizes, dec_sizes = rec.graph_sizes()
             fp32 = (enc_sizes[-2:], dec_sizes[-2:])  # fp32 was called with its two largest of each
-            await engine.call(lambda r: called_only(r, fp32))
+            await engine.call(lambda r: called_ago(r, migration.CALLED_BEFORE_S + 1.0, fp32))
             assert (await engine.migrate(master, None, torch.bfloat16)).ok
             assert rec.graph_sizes() == fp32
             session = await engine.open()  # bf16 is called with one stream only
@@ -509,7 +509,7 @@ def test_a_move_back_prepares_the_sizes_that_placement_was_called_with() -> None
             await results([session], 1)
             bf16 = rec.graph_sizes(time.monotonic() - 1.0)
             assert bf16 == ([bucket_size(1, rec.encoder_step.per_octave)], [bucket_size(1, rec.search.per_octave)])
-            await engine.call(lambda r: called_only(r, bf16))
+            await engine.call(lambda r: called_ago(r, migration.CALLED_BEFORE_S + 1.0, bf16))
             report = await engine.migrate(master, None, torch.float32)
             assert report.ok, report
             assert rec.graph_sizes() == tuple(sorted(set(a) | set(b)) for a, b in zip(bf16, fp32, strict=True))
