@@ -12,7 +12,15 @@ DEFAULT_PER_OCTAVE = 8
 # of the engine thread's time. After a move whose target steps smaller batches than its source,
 # most encoder calls ran eagerly for seconds on an H100.
 MAX_PADDING = 2.0
-
+# ... or of at most PAD_ROWS rows, whatever its own: a step of 1 to 32 rows costs about the same
+# GPU time (7.2 ms for 1, 8.1 for 16, 11.2 for 64 at 1120 ms chunks on an H100), and a few late
+# streams' steps came in every size from 1 up.
+PAD_ROWS = 32
+# A move's target is prepared with the graphs of a `cover` of the sizes serving called: each
+# called size has one of at most NEAR_PADDING times its rows (or PAD_ROWS), and keeps replaying
+# it padded instead of capturing its own on the engine thread (each capture there held every
+# stream's results 0.7 s at 6000 streams on an H100; preparing every size took 90 s a move).
+NEAR_PADDING = 1.25
 
 def bucket_size(b: int, per_octave: int = DEFAULT_PER_OCTAVE) -> int:
     """The smallest bucket >= b (b >= 1): powers of two up to `per_octave` (a power of two), then
@@ -29,7 +37,19 @@ def check_per_octave(per_octave: int) -> None:
         raise ValueError(f"per_octave must be a power of two, not {per_octave}")
 
 
-def padded_bucket(b: int, captured: Iterable[int]) -> int | None:
-    """The smallest of the `captured` bucket sizes that holds b rows with at most `MAX_PADDING` x b
-    (None: none)."""
-    return min((size for size in captured if b <= size <= MAX_PADDING * b), default=None)
+def padded_bucket(b: int, captured: Iterable[int], near: bool = False) -> int | None:
+    """The smallest of the `captured` bucket sizes that holds b rows with at most `MAX_PADDING`
+    (`near`: `NEAR_PADDING`) x b rows, or `PAD_ROWS` (None: none)."""
+    most = max((NEAR_PADDING if near else MAX_PADDING) * b, PAD_ROWS)
+    return min((size for size in captured if b <= size <= most), default=None)
+
+
+def cover(sizes: Iterable[int], taken: Iterable[int] = ()) -> list[int]:
+    """The fewest of `sizes` (largest first) whose graphs, with those of the sizes `taken`, leave
+    every one of `sizes` a near one (`padded_bucket(near=True)`)."""
+    had = list(taken)
+    picked: list[int] = []
+    for b in sorted(set(sizes), reverse=True):
+        if padded_bucket(b, had + picked, near=True) is None:
+            picked.append(b)
+    return picked

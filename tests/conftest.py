@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from streamd import buckets
+
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "nemo-tiny"  # see its README.md
 
@@ -22,3 +24,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def exact_buckets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bucket padding only by the ratios, none by `PAD_ROWS`, and a migration's cover of
+    every size called (`NEAR_PADDING` 1): tests of a few rows see each size as one at scale."""
+    monkeypatch.setattr(buckets, "PAD_ROWS", 1)
+    monkeypatch.setattr(buckets, "NEAR_PADDING", 1.0)

@@ -251,7 +251,9 @@ class EncoderStep:
         # capture_spacing_s: a call captures at most one graph in this long, the sizes in between
         # run eagerly (a move's target: the sizes it did not prepare come all at once after the
         # cut-over, and back-to-back captures let a backlog build, whose larger batches are new
-        # sizes again). `prepare` is neither held nor spaced.
+        # sizes again); while it is set, a size with a captured bucket of at most NEAR_PADDING
+        # times its rows (or PAD_ROWS) replays that one and captures none of its own (the move
+        # prepared a `buckets.cover`). `prepare` is neither held nor spaced.
         self.hold_captures = False
         self.capture_spacing_s = 0.0
         self._captured_at = -float("inf")  # time.monotonic() of the last capture on a call
@@ -408,13 +410,15 @@ class EncoderStep:
             self.last_rebuild_reason = why
         size = bucket_size(b, self.per_octave)
         bucket = self._buckets.get(size)
+        if bucket is None and self.capture_spacing_s:  # a move's target: a near bucket, padded, instead of a capture
+            bucket = self._padded(b, near=True)
         if bucket is None and (not capture or size in self._failed):
             return self._padded(b)
         return bucket if bucket is not None else self._capture(key, size)
 
-    def _padded(self, b: int) -> _Bucket | None:
+    def _padded(self, b: int, near: bool = False) -> _Bucket | None:
         """A captured bucket for b rows, padded (`streamd.buckets.padded_bucket`; None: none)."""
-        size = padded_bucket(b, self._buckets)
+        size = padded_bucket(b, self._buckets, near)
         return self._buckets[size] if size is not None else None
 
     def _capture(self, key: EncoderGraphKey, size: int) -> _Bucket | None:

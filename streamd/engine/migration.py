@@ -11,7 +11,10 @@
    `headroom` of larger sizes for a backlog's batches), the encoder's and the decoder's in turn
    (`prepare_steps`, on a side stream), so that the first steps after the move replay graphs
    instead of capturing them while every stream waits (capturing every size the warm-up made
-   took 10-50 s a move at thousands of streams on an H200). The captures are spaced out
+   took 10-50 s a move at thousands of streams on an H200). Of those sizes only a cover: every
+   called size gets a graph of at most `buckets.NEAR_PADDING` times its rows, which the target
+   replays padded (every size called took 90 s a move at 3000 streams on an H100, most of the
+   sizes from the streams' ramp-up). The captures are spaced out
    (`Pacer`): serving catches up between them, and none starts while the engine is behind.
    They run on one of two capture streams, not the one the serving graphs were captured on
    (`CAPTURE_STREAMS`): a graph's GEMMs keep using the cuBLAS workspace of its capture stream,
@@ -34,11 +37,11 @@
 2. At a step boundary (on the engine thread, in an `Engine.call`) `cut_over` swaps the model and
    its prepared steps in and copies every live stream's encoder caches and decoder state to the
    target. On any error everything is put back as it was (the source's graphs included).
-3. A batch size without a prepared graph is captured lazily on its first step, as after a
-   plain `model.to(...)`, but at most one every `LAZY_SPACING_S` for the encoder and one for the
-   decoder (a size in between replays a captured graph of up to twice its rows, padded, where
-   there is one, else the encoder's runs eagerly and the decoder's captures), so that a backlog
-   of captures cannot build up.
+3. A batch size without a prepared graph, or for the encoder one near enough (above), is
+   captured lazily on its first step, as after a plain `model.to(...)`, but at most one every
+   `LAZY_SPACING_S` for the encoder and one for the decoder (a size in between replays a
+   captured graph of up to twice its rows, padded, where there is one, else the encoder's runs
+   eagerly and the decoder's captures), so that a backlog of captures cannot build up.
 
 `migrate` runs the three on the event loop for `Engine.migrate` and reports (`MigrationReport`).
 """
@@ -57,6 +60,7 @@ from typing import Any, Protocol
 
 import torch
 
+from streamd.buckets import cover
 from streamd.cuda_capture import DEVICE_LOCK, capturing_on, own_stream
 from streamd.engine import probes
 from streamd.engine.encoder_step import EncoderStep
@@ -277,8 +281,9 @@ def prepare_steps(rec: Recognizer, target: Transducer, sizes: list[tuple[list[in
     """The target's encoder step and search (the recognizer's factories), with the graphs of the
     batch sizes `sizes` captured now, off the engine thread, while `room()` (if given) allows:
     groups (`Recognizer.graph_sizes()`: the encoder's and the decoder's) in order, and in a
-    group the encoder's and the decoder's sizes in turn, each largest first (`_in_turn`: a step
-    needs both graphs; encoder sizes first in full left the decoder none when room ran out).
+    group the encoder's and the decoder's sizes in turn, each largest first, of each group only
+    a cover (`_in_turn`: a step needs both graphs; encoder sizes first in full left the decoder
+    none when room ran out).
     A size not captured (no room, or out of memory) is left to the lazy capture on its first
     step, those captures spaced `LAZY_SPACING_S` apart on the target's encoder step and
     decoder (sizes in between replay a larger graph, padded, or run eagerly); on a CPU nothing
@@ -299,18 +304,18 @@ def prepare_steps(rec: Recognizer, target: Transducer, sizes: list[tuple[list[in
     enc: list[int] = []
     dec: list[int] = []
     captured_on = capture_stream_for(rec)
+    order = _in_turn(sizes)
     with capturing_on(captured_on):
-        for part, size in _in_turn(sizes):
+        for part, size in order:
             if stopped:
                 break
             if part == "encoder":
                 enc = encoder_step.prepare([size], rec.mel_window, rec.att_context, allowed, rec.kv_cache)
             elif prepare is not None:
                 dec = prepare([size], allowed)
-    wanted_enc = {b for group, _ in sizes for b in group}
-    wanted_dec = {b for _, group in sizes for b in group}
     graphs = f"encoder {len(enc)}, decoder {len(dec)}" if enc or dec else ""
-    deferred = len(wanted_enc - set(enc)) + len(wanted_dec - set(dec)) if stopped else 0
+    done = {("encoder", b) for b in enc} | {("decoder", b) for b in dec}
+    deferred = len(set(order) - done) if stopped else 0
     if deferred:
         log.warning("migration: the graphs of %d batch sizes are left to their first step after the move "
                     "(%.0f%% of the GPU's memory kept free for serving)", deferred, MIN_FREE * 100)
@@ -331,12 +336,17 @@ def headroom(captured: tuple[list[int], list[int]], called: tuple[list[int], lis
 
 def _in_turn(sizes: list[tuple[list[int], list[int]]]) -> list[tuple[str, int]]:
     """The order `prepare_steps` captures in: group by group, the encoder's and the decoder's
-    batch sizes in turn, each largest first; a size only the first time it comes."""
+    batch sizes in turn, each largest first; of a group's sizes only a `cover` (those that,
+    with the sizes taken before, leave every one of them a graph of at most `NEAR_PADDING`
+    times its rows or `PAD_ROWS`: the target replays those padded)."""
     order: list[tuple[str, int]] = []
+    taken: dict[str, list[int]] = {"encoder": [], "decoder": []}
     for enc_sizes, dec_sizes in sizes:
-        turns = itertools.zip_longest(sorted(enc_sizes, reverse=True), sorted(dec_sizes, reverse=True))
-        order += [(part, size) for pair in turns for part, size in zip(("encoder", "decoder"), pair)
-                  if size is not None and (part, size) not in order]
+        enc, dec = cover(enc_sizes, taken["encoder"]), cover(dec_sizes, taken["decoder"])
+        taken["encoder"] += enc
+        taken["decoder"] += dec
+        order += [(part, size) for pair in itertools.zip_longest(enc, dec)
+                  for part, size in zip(("encoder", "decoder"), pair) if size is not None]
     return order
 
 

@@ -290,6 +290,7 @@ def test_make_decoder_on_cuda() -> None:
     assert type(make_decoder(m, "eager")) is GreedyLabelLooping
 
 
+@pytest.mark.usefixtures("exact_buckets")
 def test_a_size_replaying_a_larger_captured_bucket_equals_reference() -> None:
     """Captures spaced: 7 rows replay the graphs of 12 (padded), the same labels as the reference;
     5 rows capture their own."""

@@ -445,6 +445,7 @@ def test_bucketed_decoder_equals_reference_and_captures_once_per_bucket() -> Non
     assert d.rebuilds == len(sizes)
 
 
+@pytest.mark.usefixtures("exact_buckets")
 def test_spaced_captures_replay_a_captured_bucket_of_at_most_twice_the_rows() -> None:
     """With `capture_spacing_s`, a size without graphs soon after a capture replays a captured
     bucket of at most twice its rows (7 rows: the graphs of 12), the same labels as the reference;

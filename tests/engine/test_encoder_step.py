@@ -226,6 +226,7 @@ def test_spaced_captures_leave_the_sizes_in_between_eager() -> None:
 
 
 
+@pytest.mark.usefixtures("exact_buckets")
 def test_a_size_without_a_graph_replays_a_captured_bucket_of_at_most_twice_its_rows() -> None:
     """Captures held (or spaced, or failed): a batch of 7 replays the captured bucket of 12,
     padded (the same outputs as eager); a batch of 5 (12 > 2 x 5) runs eagerly."""

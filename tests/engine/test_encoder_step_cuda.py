@@ -247,6 +247,7 @@ def test_a_failed_capture_falls_back_to_eager_and_cuda_keeps_working() -> None:
     assert good.mode == GRAPHS
 
 
+@pytest.mark.usefixtures("exact_buckets")
 def test_a_size_replaying_a_larger_captured_graph_equals_eager() -> None:
     """Captures held: 7 rows replay the graph of 12 (padded), 5 rows run eagerly; outputs and
     caches as the eager step's."""

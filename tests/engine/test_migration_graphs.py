@@ -113,6 +113,7 @@ async def results(sessions: list[Any], n: int) -> list[Any]:
     return [await asyncio.wait_for(s.results.get(), 30) for s in sessions for _ in range(n)]
 
 
+@pytest.mark.usefixtures("exact_buckets")
 def test_the_targets_graphs_are_captured_before_the_cut_over() -> None:
     master = random_model(seed=2, att_context_sizes=CONTEXT)
     made = Made()
@@ -387,6 +388,7 @@ def room_for_two_graphs() -> Callable[[torch.device], tuple[int, int]]:
 
     return free_memory
 
+@pytest.mark.usefixtures("exact_buckets")
 def test_graphs_stop_at_the_memory_kept_for_serving_and_the_rest_follow_the_move(monkeypatch: pytest.MonkeyPatch) -> None:
     """Free memory falls to the share kept for serving after two captures: the move goes on,
     the report counts the batch sizes left, and each is captured on its first step after it."""
@@ -416,6 +418,16 @@ def test_graphs_stop_at_the_memory_kept_for_serving_and_the_rest_follow_the_move
     asyncio.run(main())
 
 
+def test_a_group_is_prepared_as_a_cover_of_its_sizes() -> None:
+    """Sizes within NEAR_PADDING of a larger one a group before took, or that this group takes,
+    are not captured; sizes up to PAD_ROWS share one graph."""
+    hot, in_use = ([600, 500, 100], [640]), ([1, 3, 500, 700, 96, 60], [512, 480, 8])
+    assert migration._in_turn([hot, in_use]) == [
+        ("encoder", 600), ("decoder", 640), ("encoder", 100),
+        ("encoder", 700), ("decoder", 480), ("encoder", 60), ("decoder", 8), ("encoder", 3)]
+
+
+@pytest.mark.usefixtures("exact_buckets")
 def test_a_group_is_prepared_encoder_and_decoder_in_turn_largest_first() -> None:
     """Each group in turn; in it, the encoder's and the decoder's sizes alternate, largest
     first, the longer list's rest after; a size a group before had is not taken again."""
@@ -426,6 +438,7 @@ def test_a_group_is_prepared_encoder_and_decoder_in_turn_largest_first() -> None
     assert migration._in_turn([([], [4]), ([], [])]) == [("decoder", 4)]
 
 
+@pytest.mark.usefixtures("exact_buckets")
 def test_the_allocators_cache_is_given_back_once_before_graphs_stop(monkeypatch: pytest.MonkeyPatch) -> None:
     """Free memory looks short after two captures until the allocator's cached blocks are given
     back: the guard empties the cache once and every size is prepared. If it still looks short
@@ -487,6 +500,37 @@ def test_only_the_batch_sizes_in_use_are_prepared() -> None:
     asyncio.run(main())
 
 
+def test_a_move_prepares_a_cover_of_the_sizes_called_and_the_target_replays_it_padded() -> None:
+    """Every size serving called gets a graph of at most NEAR_PADDING x its rows or PAD_ROWS
+    (here one of each part: SLOTS rows are few); after the move the encoder replays it for
+    every batch size, padded, and captures none of its own on the engine thread."""
+    master = random_model(seed=2, att_context_sizes=CONTEXT)
+    made = Made()
+    rng = np.random.default_rng(5)
+
+    async def main() -> None:
+        rec, engine = made.started(master)
+        try:
+            await engine.call(warmed_and_called)
+            enc_sizes, dec_sizes = rec.graph_sizes()
+            assert len(enc_sizes) > 1 and len(dec_sizes) > 1
+            report = await engine.migrate(master, None, torch.bfloat16)
+            assert report.ok and report.graphs == "encoder 1, decoder 1" and report.graphs_deferred == 0, report
+            assert rec.graph_sizes() == ([max(enc_sizes)], [max(dec_sizes)])
+            sessions = [await engine.open() for _ in range(SLOTS)]
+            before = made.captures()[0]
+            for n in range(SLOTS, 0, -1):
+                feed(engine, sessions[:n], rng.standard_normal(rec.geometry.chunk_ms * 16).astype(np.float32) * 0.1)
+                assert all(r is not None for r in await results(sessions[:n], 1))
+                assert engine.status.encoder == "graphs"
+            assert rec.encoder_step.buckets == [max(enc_sizes)] and made.captures()[0] == before
+        finally:
+            await engine.stop()
+
+    asyncio.run(main())
+
+
+@pytest.mark.usefixtures("exact_buckets")
 def test_a_move_back_prepares_the_sizes_that_placement_was_called_with() -> None:
     """fp32 -> bf16 -> fp32: the move back captures, beside the sizes bf16 is called with, those
     fp32 was called with before it left (a faster placement steps smaller batches: on an H100 a
@@ -519,6 +563,7 @@ def test_a_move_back_prepares_the_sizes_that_placement_was_called_with() -> None
     asyncio.run(main())
 
 
+@pytest.mark.usefixtures("exact_buckets")
 def test_the_sizes_called_last_are_prepared_first(monkeypatch: pytest.MonkeyPatch) -> None:
     """With room for two graphs, the encoder's and the decoder's size of the last steps get them
     (not the two largest of the encoder's, as when every size was called as recently): the
@@ -603,6 +648,7 @@ def test_the_pacer_waits_while_the_engine_is_behind(monkeypatch: pytest.MonkeyPa
     assert pace.waited == pace.waited_behind
 
 
+@pytest.mark.usefixtures("exact_buckets")
 def test_a_migration_paces_every_capture(monkeypatch: pytest.MonkeyPatch) -> None:
     master = random_model(seed=2, att_context_sizes=CONTEXT)
     made = Made()
