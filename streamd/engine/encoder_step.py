@@ -411,7 +411,7 @@ class EncoderStep:
         size = bucket_size(b, self.per_octave)
         bucket = self._buckets.get(size)
         if bucket is None and self.capture_spacing_s:  # a move's target: a near bucket, padded, instead of a capture
-            bucket = self._padded(b, near=True)
+            bucket = self._padded(size, near=True)  # near its bucket, as the move's `buckets.cover` was
         if bucket is None and (not capture or size in self._failed):
             return self._padded(b)
         return bucket if bucket is not None else self._capture(key, size)

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from helpers import random_model, run_streams, synthetic_audio
-from streamd.decoding.greedy import GreedyLabelLooping
+from streamd import buckets
 from streamd.buckets import bucket_size
+from streamd.decoding.greedy import GreedyLabelLooping
 from streamd.engine.encoder_step import EAGER, GRAPHS, EncoderGraphBackend, EncoderGraphKey, EncoderStep
 from streamd.engine.recognizer import Recognizer
 from streamd.engine.types import ChunkGeometry
@@ -245,6 +246,27 @@ def test_a_size_without_a_graph_replays_a_captured_bucket_of_at_most_twice_its_r
     modes.append(step.mode)
     assert be.captures == [12] and be.replays == 3
     assert modes == [GRAPHS, GRAPHS, EAGER, GRAPHS]
+
+def test_a_moves_target_replays_a_near_bucket_instead_of_capturing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With captures spaced (a move's target, the spacing past), a batch of 15 rows (bucket 16)
+    replays the captured bucket of 20 (at most NEAR_PADDING x its bucket: the sizes a move
+    prepares are a cover of buckets) instead of capturing its own; one of 9 (bucket 10) captures."""
+    monkeypatch.setattr(buckets, "PAD_ROWS", 1)
+    m, be = model(), FakeBackend()
+    step = graph_step(m, be, per_octave=4)
+    eager = EncoderStep(m.encoder, EAGER)
+    modes = []
+
+    def spaced(chunk: int) -> None:  # before each chunk's step
+        if chunk:
+            modes.append(step.mode)
+        step.capture_spacing_s = 1e-9 if chunk else 0.0
+
+    got = simulate([step, eager], m, slots=20, chunks=4, seed=0, sizes=(20, 15, 15, 9), between=spaced)
+    assert_same(got, got)
+    modes.append(step.mode)
+    assert be.captures == [20, 10] and modes == [GRAPHS] * 4
+
 
 @pytest.mark.parametrize("kv", [True, False], ids=["kv_cache", "input_cache"])
 @pytest.mark.parametrize("per_octave", [1, 8])
