@@ -28,7 +28,7 @@ status=0
 # (tokens compared with an unmoved run; the host's CPU held 92 of the 100 chunks a second of 16), and
 # the same with the default model and 32 streams of the repo's real-speech clips (a spec that begins
 # `speech=`: a trained model's tokens, where the random model's calibrated near-ties flip on rounding).
-# MIGRATION_SPECS="CHUNK:STREAMS:DTYPE:MOVE,MOVE ..." replaces them; MIGRATION_TESTS=0 skips the migration tests before them; MIGRATION_WORKERS (front ends, 8), MIGRATION_SETTLE_S (10), MIGRATION_TIMEOUT_S (540 a run: at 3000 streams a move prepares 40-100 s, its captures paced; a level of four moves fills a call),
+# MIGRATION_SPECS="CHUNK:STREAMS:DTYPE:MOVE,MOVE ..." replaces them; MIGRATION_TESTS=0 skips the migration tests before them; MIGRATION_WORKERS (front ends, 8), MIGRATION_SETTLE_S (10), MIGRATION_TIMEOUT_S (540 a run: at 3000-6000 streams on an H100 a move prepares 5-25 s, its captures paced; four moves and the start take 180-240 s),
 # MIGRATION_PY_SPY (seconds of py-spy samples before the first move and from it on; 0, off),
 # MIGRATION_DUMP_S (seconds between py-spy dumps of every daemon thread from the first move on, and one
 # when a move gets no answer in MIGRATION_MOVE_TIMEOUT_S, default 300, or the daemon's /livez says its engine
