@@ -358,7 +358,7 @@ class Recognizer:
         _layout(taken[:, :3], news, slots, g.window, k, meta_np[:, :-1])
         meta_host, meta = meta, meta.to(device, non_blocking=True)
         if from_rings:
-            samples = self._ring_segments(slots, meta[:, 2], meta[:, -1], g.segment_samples(k), device)
+            samples = self._ring_segments(slots, meta[:, 2], meta[:, -1], meta_np[:, -1], g.segment_samples(k), device)
         frames = self._frames(samples, meta_host[:, 3], meta[:, 3], device)
         lengths, start, rows = meta[:, 0], meta[:, 1], meta[:, 2]
         mel = self._windows(frames, rows, meta[:, 4:-1])
@@ -382,37 +382,45 @@ class Recognizer:
             return self.ring_copy
         return device.type == "cuda" and self._rings_pinned and self.features == "model"
 
-    def _ring_segments(self, slots: np.ndarray, rows: Tensor, at: Tensor, size: int, device: torch.device
-                       ) -> Tensor:
+    def _ring_segments(self, slots: np.ndarray, rows: Tensor, at: Tensor, at_host: np.ndarray, size: int,
+                       device: torch.device) -> Tensor:
         """Every row's `size` samples from ring position `at` on, cut out on `device` from one
-        copy of the part's rings; slots: (b,) the part's slots on the host; rows (the same
-        slots), at: (b,) int64 on `device`. Returns (b, size) fp32. The copy is of the slot range
-        when it is dense (at most RING_SPAN rings a stream), else of the part's own rings,
-        gathered on the host into pinned memory first: a daemon's small steps spread over
-        thousands of slots, whose whole range is up to 0.9 GB of rings for a step of ~130
-        streams (1120 ms chunks, 4912 streams), against 23 MB of their own. The rings'
+        copy; slots: (b,) the part's slots on the host; rows (the same slots), at: (b,) int64 on
+        `device` (`at_host`: the same on the host). Returns (b, size) fp32. The copy is of the
+        slot range when it is dense (at most RING_SPAN rings a stream), cut on the device; else
+        of the rows' own segments, gathered on the host into pinned memory first
+        (`_gather_segments`): a daemon's small steps spread over thousands of slots, whose whole
+        range is up to 0.9 GB of rings for a step of ~130 streams (1120 ms chunks, 4912
+        streams), against 23 MB of their own rings and 9 MB of their segments. The rings'
         positions stay held until the copy has happened (`_release_rings`, at the next launch)."""
         lo, hi = int(slots.min()), int(slots.max()) + 1
-        if hi - lo > RING_SPAN * slots.size:
-            source = _host(device, (slots.size, self._rings.shape[1]), torch.float32)
-            torch.index_select(self._rings, 0, torch.from_numpy(slots), out=source)
-            first = torch.arange(slots.size, device=device)  # row i's ring is source[i]
+        sparse = hi - lo > RING_SPAN * slots.size
+        if sparse:
+            source = _host(device, (slots.size, size), torch.float32)
+            order = _host(device, (slots.size,), torch.int64)
+            _gather_segments(self._rings, slots, at_host, source, order.numpy())
         else:
-            source, first = self._rings[lo:hi], rows - lo
+            source = self._rings[lo:hi]
         if device.type == "cuda":  # on a copy stream of its own: it overlaps the step before
             main, side = torch.cuda.current_stream(device), self._copy_stream(device)
             with torch.cuda.stream(side):
                 rings = source.to(device, non_blocking=True)  # pinned: queued, no wait
+                if sparse:
+                    order = order.to(device, non_blocking=True)
                 copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
                 copied.record(side)
             main.wait_event(copied)
             rings.record_stream(main)  # its memory is not reused before the step has read it
+            if sparse:
+                order.record_stream(main)
             self._copied.append(copied)
         else:
             rings = source
+        if sparse:
+            return rings.index_select(0, order)
         m = rings.shape[1]
         index = (at[:, None] + torch.arange(size, device=device)) % m
-        return rings[first[:, None], index]
+        return rings[(rows - lo)[:, None], index]
 
     def _copy_stream(self, device: torch.device) -> torch.cuda.Stream:
         """The CUDA stream the copies from the rings run on: the launching thread's private one
@@ -596,6 +604,27 @@ def _event(device: torch.device) -> torch.cuda.Event | None:
     event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
     event.record(torch.cuda.current_stream(device))
     return event
+
+
+def _gather_segments(rings: Tensor, slots: np.ndarray, at: np.ndarray, out: Tensor, order: np.ndarray) -> None:
+    """The `out.shape[1]` samples of each ring `rings[slots[i]]` from position at[i] on (modulo
+    the ring's length, around its end), into the rows of `out` (b, size), and in `order` (b,)
+    the row of `out` that slot's went to. The segments that do not wrap around come first, in
+    one copy (windows of the rings' flat storage); those that do, one by one (two slices each)."""
+    m, size = rings.shape[1], out.shape[1]
+    start = at % m
+    whole = start + size <= m
+    k = int(whole.sum())
+    order[whole] = np.arange(k)
+    order[~whole] = np.arange(k, slots.size)
+    if k:
+        flat = rings.view(-1)
+        windows = flat.as_strided((flat.numel() - size + 1, size), (1, 1))  # row p: the samples from p on
+        torch.index_select(windows, 0, torch.from_numpy(slots[whole] * m + start[whole]), out=out[:k])
+    rows, dest = rings.numpy(), out.numpy()
+    for row, slot, a in zip(range(k, slots.size), slots[~whole].tolist(), start[~whole].tolist()):
+        dest[row, :m - a] = rows[slot, a:]
+        dest[row, m - a:] = rows[slot, :size - (m - a)]
 
 
 def _host(device: torch.device, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:

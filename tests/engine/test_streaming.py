@@ -58,6 +58,23 @@ def test_samples_copied_from_the_rings_stream_like_the_host_batch(device: str, s
         assert got[True] == [transcribe_offline(m, torch.from_numpy(a)) for a in audios]
 
 
+def test_a_sparse_steps_segments_are_gathered_on_the_host_as_cut_from_the_rings() -> None:
+    """`_gather_segments` (a sparse part's host copy: each row's own segment, those that wrap
+    around the ring's end as well) gives every slot's samples from its position on, modulo the
+    ring, as indexing the rings does; `order` says which row each went to."""
+    rng = np.random.default_rng(3)
+    rings = torch.from_numpy(rng.standard_normal((9, 50)).astype(np.float32))
+    for size in (1, 20, 50):
+        slots = rng.permutation(9)[:6]
+        at = rng.integers(0, 400, 6)
+        at[0] = 50 - size // 2 + 100  # one wraps around (for size > 1)
+        out, order = torch.empty((6, size)), np.empty(6, np.int64)
+        recognizer._gather_segments(rings, slots, at, out, order)
+        want = rings[torch.from_numpy(slots)[:, None], (torch.from_numpy(at)[:, None] + torch.arange(size)) % 50]
+        assert sorted(order.tolist()) == list(range(6))
+        assert torch.equal(out[torch.from_numpy(order)], want)
+
+
 def test_ring_positions_a_launched_step_copies_are_not_overwritten_before_the_next_launch() -> None:
     """On a GPU the copy from the rings happens some time after the launch (queued behind the
     step before it), while the engine thread goes on writing new pieces into the rings: every
@@ -71,15 +88,15 @@ def test_ring_positions_a_launched_step_copies_are_not_overwritten_before_the_ne
     copies: list[tuple[np.ndarray, torch.Tensor, torch.Tensor, int, torch.Tensor]] = []
     segments, release = rec._ring_segments, rec._release_rings
 
-    def ring_segments(slots: np.ndarray, rows: torch.Tensor, at: torch.Tensor, size: int,
+    def ring_segments(slots: np.ndarray, rows: torch.Tensor, at: torch.Tensor, at_host: np.ndarray, size: int,
                       device: torch.device) -> torch.Tensor:
-        out = segments(slots, rows, at, size, device)
+        out = segments(slots, rows, at, at_host, size, device)
         copies.append((slots.copy(), rows.clone(), at.clone(), size, out.clone()))
         return out
 
     def release_rings() -> None:
         for slots, rows, at, size, out in copies:  # what a late copy would read now
-            assert torch.equal(segments(slots, rows, at, size, torch.device("cpu")), out)
+            assert torch.equal(segments(slots, rows, at, at.numpy(), size, torch.device("cpu")), out)
         copies.clear()
         release()
 
