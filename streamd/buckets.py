@@ -22,6 +22,7 @@ PAD_ROWS = 32
 # stream's results 0.7 s at 6000 streams on an H100; preparing every size took 90 s a move).
 NEAR_PADDING = 1.25
 
+
 def bucket_size(b: int, per_octave: int = DEFAULT_PER_OCTAVE) -> int:
     """The smallest bucket >= b (b >= 1): powers of two up to `per_octave` (a power of two), then
     `per_octave` evenly spaced sizes per octave, e.g. with 8: ... 8, 9, ..., 16, 18, ..., 32,

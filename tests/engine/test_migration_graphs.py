@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -78,6 +78,16 @@ class Made:
         engine = Engine(rec, max_batch=SLOTS, batch_wait_s=batch_wait_s)
         engine.start()
         return rec, engine
+
+    def run(self, master: Any, body: Callable[[Recognizer, Engine], Awaitable[None]]) -> None:
+        """`body` on a started engine (`started`), stopped after it."""
+        async def main() -> None:
+            rec, engine = self.started(master)
+            try:
+                await body(rec, engine)
+            finally:
+                await engine.stop()
+        asyncio.run(main())
 
     def captures(self) -> tuple[int, int]:
         """Captures of the latest encoder step and decoder so far."""
@@ -476,58 +486,47 @@ def test_the_allocators_cache_is_given_back_once_before_graphs_stop(monkeypatch:
 def test_only_the_batch_sizes_in_use_are_prepared() -> None:
     """The warm-up captured every size; only those called in the last IN_USE_S seconds are
     captured for the target before the cut-over (the others wait for their first call)."""
+    made, rng = Made(), np.random.default_rng(5)
+
+    async def body(rec: Recognizer, engine: Engine) -> None:
+        await engine.call(warmed_and_called)
+        enc_sizes, dec_sizes = rec.graph_sizes()
+        assert len(enc_sizes) > 1 and len(dec_sizes) > 1
+        called_ago(rec, migration.IN_USE_S + 1.0)  # as if the warm-up had been a minute ago
+        session = await engine.open()
+        feed(engine, [session], rng.standard_normal(rec.geometry.chunk_ms * 16).astype(np.float32) * 0.1)
+        await results([session], 1)
+        one = bucket_size(1, rec.encoder_step.per_octave)
+        report = await engine.migrate(master, None, torch.bfloat16)
+        assert report.ok and report.graphs == "encoder 1, decoder 1" and report.graphs_deferred == 0, report
+        assert rec.graph_sizes() == ([one], [bucket_size(1, rec.search.per_octave)])
+
     master = random_model(seed=2, att_context_sizes=CONTEXT)
-    made = Made()
-    rng = np.random.default_rng(5)
-
-    async def main() -> None:
-        rec, engine = made.started(master)
-        try:
-            await engine.call(warmed_and_called)
-            enc_sizes, dec_sizes = rec.graph_sizes()
-            assert len(enc_sizes) > 1 and len(dec_sizes) > 1
-            called_ago(rec, migration.IN_USE_S + 1.0)  # as if the warm-up had been a minute ago
-            session = await engine.open()
-            feed(engine, [session], rng.standard_normal(rec.geometry.chunk_ms * 16).astype(np.float32) * 0.1)
-            await results([session], 1)
-            one = bucket_size(1, rec.encoder_step.per_octave)
-            report = await engine.migrate(master, None, torch.bfloat16)
-            assert report.ok and report.graphs == "encoder 1, decoder 1" and report.graphs_deferred == 0, report
-            assert rec.graph_sizes() == ([one], [bucket_size(1, rec.search.per_octave)])
-        finally:
-            await engine.stop()
-
-    asyncio.run(main())
+    made.run(master, body)
 
 
 def test_a_move_prepares_a_cover_of_the_sizes_called_and_the_target_replays_it_padded() -> None:
     """Every size serving called gets a graph of at most NEAR_PADDING x its rows or PAD_ROWS
     (here one of each part: SLOTS rows are few); after the move the encoder replays it for
     every batch size, padded, and captures none of its own on the engine thread."""
+    made, rng = Made(), np.random.default_rng(5)
+
+    async def body(rec: Recognizer, engine: Engine) -> None:
+        await engine.call(warmed_and_called)
+        enc_sizes, dec_sizes = rec.graph_sizes()
+        report = await engine.migrate(master, None, torch.bfloat16)
+        assert len(enc_sizes) > 1 and len(dec_sizes) > 1 and report.ok, report
+        assert report.graphs == "encoder 1, decoder 1" and rec.graph_sizes() == ([max(enc_sizes)], [max(dec_sizes)])
+        sessions = [await engine.open() for _ in range(SLOTS)]
+        before = made.captures()[0]
+        for n in range(SLOTS, 0, -1):
+            feed(engine, sessions[:n], rng.standard_normal(rec.geometry.chunk_ms * 16).astype(np.float32) * 0.1)
+            assert all(r is not None for r in await results(sessions[:n], 1))
+            assert engine.status.encoder == "graphs"
+        assert rec.encoder_step.buckets == [max(enc_sizes)] and made.captures()[0] == before
+
     master = random_model(seed=2, att_context_sizes=CONTEXT)
-    made = Made()
-    rng = np.random.default_rng(5)
-
-    async def main() -> None:
-        rec, engine = made.started(master)
-        try:
-            await engine.call(warmed_and_called)
-            enc_sizes, dec_sizes = rec.graph_sizes()
-            assert len(enc_sizes) > 1 and len(dec_sizes) > 1
-            report = await engine.migrate(master, None, torch.bfloat16)
-            assert report.ok and report.graphs == "encoder 1, decoder 1" and report.graphs_deferred == 0, report
-            assert rec.graph_sizes() == ([max(enc_sizes)], [max(dec_sizes)])
-            sessions = [await engine.open() for _ in range(SLOTS)]
-            before = made.captures()[0]
-            for n in range(SLOTS, 0, -1):
-                feed(engine, sessions[:n], rng.standard_normal(rec.geometry.chunk_ms * 16).astype(np.float32) * 0.1)
-                assert all(r is not None for r in await results(sessions[:n], 1))
-                assert engine.status.encoder == "graphs"
-            assert rec.encoder_step.buckets == [max(enc_sizes)] and made.captures()[0] == before
-        finally:
-            await engine.stop()
-
-    asyncio.run(main())
+    made.run(master, body)
 
 
 @pytest.mark.usefixtures("exact_buckets")
