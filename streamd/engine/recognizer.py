@@ -44,10 +44,10 @@ def eager_encoder(model: Transducer) -> EncoderStep:
 
 
 PART_ROWS = 1024  # streams per launched part of a GPU step (see `Recognizer`)
-# A part whose slots span more than this many rings per stream copies its own rows' rings,
+# A part whose slots span more than this many rings per stream copies its own rows' segments,
 # gathered on the host, instead of the whole slot range (`Recognizer._ring_segments`). The
-# gather is a memcpy on the engine thread (4-15 GB/s on 2 CPU cores: 130 rings of 182 KB in
-# 1.7 ms, 545 in 24 ms), the range's copy runs at PCIe speed on a stream of its own, beside
+# gather is a memcpy on the engine thread (4-15 GB/s on 2 CPU cores: 300 segments of 73 KB, at
+# 1120 ms, in 3.0-3.5 ms), the range's copy runs at PCIe speed on a stream of its own, beside
 # the step before: only a much sparser range is worth the host's time.
 RING_SPAN = 16
 # On a GPU the step's log-mel runs on rows padded to this many buckets an octave: cuFFT makes a
