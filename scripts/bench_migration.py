@@ -178,12 +178,16 @@ def admin(sock: Path, method: str, path: str, body: dict[str, Any] | None = None
 
 def eager_share(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any] | None:
     """Between two admin statuses: the engine's encoder and decoder calls (one each per step part)
-    and the share of them that ran eagerly (None: a daemon without the counters, or no call)."""
+    and the share of them that ran eagerly, and (`padded`, where the daemon counts them) that
+    replayed a larger size's graph (None: a daemon without the counters, or no call)."""
     if "calls" not in before or "calls" not in after or after["calls"] <= before["calls"]:
         return None
     calls = after["calls"] - before["calls"]
-    return {"calls": calls, **{part: (after["eager_calls"][part] - before["eager_calls"][part]) / calls
-                               for part in ("encoder", "decoder")}}
+
+    def share(key: str) -> dict[str, float]:
+        return {part: (after[key][part] - before[key][part]) / calls for part in ("encoder", "decoder")}
+    padded = {"padded": share("padded_calls")} if "padded_calls" in before and "padded_calls" in after else {}
+    return {"calls": calls, **share("eager_calls"), **padded}
 
 
 STARTED = time.monotonic()  # `--budget-s` counts from here

@@ -137,3 +137,6 @@ def test_the_eager_share_after_a_move_is_read_off_two_statuses() -> None:
     assert bench_migration.eager_share(before, before) is None  # no call between
     assert bench_migration.eager_share({}, after) is None  # a daemon without the counters
     assert bench_migration.eager_txt(None) == "-"
+    before["padded_calls"], after["padded_calls"] = {"encoder": 0, "decoder": 0}, {"encoder": 8, "decoder": 0}
+    assert bench_migration.eager_share(before, after) == {"calls": 40, "encoder": 0.25, "decoder": 0.05,
+                                                          "padded": {"encoder": 0.2, "decoder": 0.0}}

@@ -465,6 +465,7 @@ class BucketedGraphDecoder:
         self._one = self._make(max_batch=1)  # start states and row resets (captures nothing)
         self._buckets: dict[int, GraphGreedyLabelLooping] = {}
         self._last: GraphGreedyLabelLooping | None = None
+        self.padded = False  # the last call replayed a larger bucket's graphs than its own
         self.used_at: dict[int, float] = {}  # bucket size -> time.monotonic() of its last call
         # A call captures a new bucket at most once in this long; a size without graphs in between
         # replays a captured bucket of up to `MAX_PADDING` x its rows where there is one, else
@@ -540,10 +541,11 @@ class BucketedGraphDecoder:
         self.used_at[size] = now
         d = self._buckets.get(size)
         fresh = d is None or d.key is None
+        self.padded = False
         if fresh and now - self._captured_at < self.capture_spacing_s:
             padded = padded_bucket(b, self.captured())
             if padded is not None:
-                d, fresh = self._buckets[padded], False
+                d, fresh, self.padded = self._buckets[padded], False, True
         if d is None:
             d = self._buckets[size] = self._make(max_batch=size)
         self._last = d

@@ -238,6 +238,7 @@ class EncoderStep:
         self.used_at: dict[int, float] = {}  # bucket size -> time.monotonic() of its last call
         self._failed: dict[int, str] = {}  # bucket size -> why its capture failed under `_key`
         self._mode = EAGER
+        self._larger = False  # the last call replayed a larger bucket's graph than its own
         self._why_eager = "no call yet"
         self.rebuilds = 0  # key changes that dropped captured graphs or set up the first ones
         self.captures = 0
@@ -263,6 +264,12 @@ class EncoderStep:
     def mode(self) -> str:
         """How the last call ran: 'graphs' or 'eager'."""
         return self._mode
+
+    @property
+    def padded(self) -> bool:
+        """Whether the last call replayed the graph of a larger bucket than its own, padded
+        (`_padded`: a move's cover, a capture held, spaced or failed)."""
+        return self._larger
 
     @property
     def eager_reason(self) -> str:
@@ -359,9 +366,9 @@ class EncoderStep:
             elif self.captures > captures:  # a call's capture stalls the engine thread; `prepare`'s do not
                 self._captured_at = now
         if bucket is None:
-            self._mode = EAGER
+            self._mode, self._larger = EAGER, False
             return self._eager(cache, rows, mel, lengths, start, full, att_context)
-        self._mode = GRAPHS
+        self._mode, self._larger = GRAPHS, int(bucket.views.rows.shape[0]) > bucket_size(b, self.per_octave)
         return self._replay(bucket, cache, rows, mel, lengths, start)
 
     # -- the two paths -----------------------------------------------------------------------

@@ -141,6 +141,7 @@ class Recognizer:
         # Encoder (and decoder) calls since start, one per launched step part, and how many of
         # them the encoder and the decoder ran eagerly (no CUDA graph: off, not captured yet, failed).
         self.calls, self.eager_calls = 0, (0, 0)
+        self.padded_calls = (0, 0)  # ... and how many replayed a larger bucket's graph than their own, padded
 
     def use_model(self, model: Transducer, staged: EncoderCache | None = None,
                   steps: tuple[EncoderStep, Search] | None = None) -> None:
@@ -370,11 +371,14 @@ class Recognizer:
         return _Part(streams, slots, hyps, enc_len)
 
     def _count_call(self) -> None:
-        """Count a part's encoder and decoder calls, and whether each ran eagerly (`eager_calls`)."""
+        """Count a part's encoder and decoder calls, and whether each ran eagerly (`eager_calls`)
+        or replayed a larger bucket's graph, padded (`padded_calls`)."""
         encoder, decoder = self.eager_calls
         self.calls += 1
         self.eager_calls = (encoder + (self.encoder_step.mode != GRAPHS),
                             decoder + (getattr(self.search, "mode", DECODER_EAGER) == DECODER_EAGER))
+        encoder, decoder = self.padded_calls
+        self.padded_calls = (encoder + self.encoder_step.padded, decoder + getattr(self.search, "padded", False))
 
     def _copies_rings(self, device: torch.device) -> bool:
         """Whether a step on `device` copies its samples straight from the rings (`ring_copy`)."""

@@ -193,6 +193,9 @@ class EngineStatus:
     stalled: bool = False  # streams wait and the engine thread has made no step for long (`Engine.stalled`)
     calls: int = 0  # encoder (and decoder) calls since start: one per launched step part
     eager_calls: tuple[int, int] = (0, 0)  # of them, those the encoder and the decoder ran eagerly
+    # ... and those that replayed a larger batch bucket's graph than their own, padded (a move's
+    # target: `buckets.cover`; a capture held, spaced or failed)
+    padded_calls: tuple[int, int] = (0, 0)
 
 
 class EngineClient(Protocol):

@@ -60,7 +60,8 @@ class Control:
                 "parked": self.state.parked(),
                 "chunk_ms": engine.geometry.chunk_ms, "decoder": engine.decoder, "encoder": engine.encoder,
                 "eager_reason": engine.eager_reason, "calls": engine.calls,
-                "eager_calls": dict(zip(("encoder", "decoder"), engine.eager_calls)), "stalled": engine.stalled,
+                "eager_calls": dict(zip(("encoder", "decoder"), engine.eager_calls)),
+                "padded_calls": dict(zip(("encoder", "decoder"), engine.padded_calls)), "stalled": engine.stalled,
                 "draining": self.state.draining, "exit_when_drained": self.exit_when_drained,
                 "shutting_down": self.state.shutdown.is_set(),
                 "last_migration": self.last_migration.as_dict() if self.last_migration else None}

@@ -76,7 +76,7 @@ def build_state(cfg: Config, metrics: Metrics) -> ServerState:
     def on_step(seconds: float, batch: int) -> None:  # on the engine thread
         metrics.observe_step(seconds, batch, chunk_s)
         metrics.set_graphs(rec.encoder_step.mode == GRAPHS, getattr(rec.search, "mode", EAGER) != EAGER)
-        metrics.set_calls(rec.calls, rec.eager_calls)
+        metrics.set_calls(rec.calls, rec.eager_calls, rec.padded_calls)
         admission.observe(seconds, batch)
 
     engine = Engine(rec, cfg.server.max_streams, e.batch_wait_ms / 1000, on_step, gil_switch_s=e.gil_switch_ms / 1000,

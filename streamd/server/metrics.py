@@ -102,9 +102,11 @@ class Metrics:
             "(the admin status says why).", ["part"], namespace=ns, registry=r)
         self.engine_calls = Counter(
             "engine_calls", "Encoder and decoder calls of the engine's steps (one each per step part), by whether "
-            "they replayed CUDA graphs or ran eagerly (graphs off, a batch size not captured yet, a capture that "
-            "failed).", ["part", "path"], namespace=ns, registry=r)
-        self._calls_seen = (0, 0, 0)  # (calls, eager encoder, eager decoder) counted so far
+            "they replayed their batch size's CUDA graphs (graphs), a larger size's, padded (padded: after a "
+            "migration, between the sizes it prepared), or ran eagerly (graphs off, a batch size not captured "
+            "yet, a capture that failed).", ["part", "path"], namespace=ns, registry=r)
+        # (calls, eager encoder, eager decoder, padded encoder, padded decoder) counted so far
+        self._calls_seen = (0, 0, 0, 0, 0)
         self.capacity_estimate = Gauge(
             "capacity_estimate_streams", "Streams this daemon can serve in real time: the largest batch "
             "whose step time fits the admission budget (warm-up probe, then live steps).",
@@ -126,7 +128,7 @@ class Metrics:
                       self.partial_latency, self.final_latency, self.backlog, self.endpoints, self.audio_messages)
         self._remote: dict[int, list[Metric]] = {}
         self.set_graphs(False, False)
-        self.set_calls(0, (0, 0))
+        self.set_calls(0, (0, 0), (0, 0))
         for counter, labels in ((self.rejections, REJECTION_REASONS),
                                 (self.resumes, RESUME_RESULTS),
                                 (self.endpoints, ENDPOINT_RULES),
@@ -152,13 +154,15 @@ class Metrics:
         self.graphs_in_use.labels(part="encoder").set(encoder)
         self.graphs_in_use.labels(part="decoder").set(decoder)
 
-    def set_calls(self, calls: int, eager: tuple[int, int]) -> None:
-        """The engine's totals so far (`Recognizer.calls`, `eager_calls`): the counters take the increase."""
-        seen, self._calls_seen = self._calls_seen, (calls, *eager)
+    def set_calls(self, calls: int, eager: tuple[int, int], padded: tuple[int, int] = (0, 0)) -> None:
+        """The engine's totals so far (`Recognizer.calls`, `eager_calls`, `padded_calls`): the
+        counters take the increase."""
+        seen, self._calls_seen = self._calls_seen, (calls, *eager, *padded)
         for part, i in (("encoder", 1), ("decoder", 2)):
-            eager_now = self._calls_seen[i] - seen[i]
+            eager_now, padded_now = self._calls_seen[i] - seen[i], self._calls_seen[i + 2] - seen[i + 2]
             self.engine_calls.labels(part=part, path="eager").inc(eager_now)
-            self.engine_calls.labels(part=part, path="graphs").inc(calls - seen[0] - eager_now)
+            self.engine_calls.labels(part=part, path="padded").inc(padded_now)
+            self.engine_calls.labels(part=part, path="graphs").inc(calls - seen[0] - eager_now - padded_now)
 
     def count_endpoint(self, rule: EndpointRule) -> None:
         """An utterance ended by endpoint rule ``rule`` (also the ones without speech, never sent)."""

@@ -259,13 +259,13 @@ def test_a_moves_target_replays_a_near_bucket_instead_of_capturing(monkeypatch: 
 
     def spaced(chunk: int) -> None:  # before each chunk's step
         if chunk:
-            modes.append(step.mode)
+            modes.append((step.mode, step.padded))
         step.capture_spacing_s = 1e-9 if chunk else 0.0
 
     got = simulate([step, eager], m, slots=20, chunks=4, seed=0, sizes=(20, 15, 15, 9), between=spaced)
     assert_same(got, got)
-    modes.append(step.mode)
-    assert be.captures == [20, 10] and modes == [GRAPHS] * 4
+    modes.append((step.mode, step.padded))
+    assert be.captures == [20, 10] and modes == [(GRAPHS, False), (GRAPHS, True), (GRAPHS, True), (GRAPHS, False)]
 
 
 @pytest.mark.parametrize("kv", [True, False], ids=["kv_cache", "input_cache"])

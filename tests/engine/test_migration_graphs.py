@@ -508,7 +508,8 @@ def test_only_the_batch_sizes_in_use_are_prepared() -> None:
 def test_a_move_prepares_a_cover_of_the_sizes_called_and_the_target_replays_it_padded() -> None:
     """Every size serving called gets a graph of at most NEAR_PADDING x its rows or PAD_ROWS
     (here one of each part: SLOTS rows are few); after the move the encoder replays it for
-    every batch size, padded, and captures none of its own on the engine thread."""
+    every batch size, padded (the status counts those calls), and captures none of its own on
+    the engine thread."""
     made, rng = Made(), np.random.default_rng(5)
 
     async def body(rec: Recognizer, engine: Engine) -> None:
@@ -518,12 +519,13 @@ def test_a_move_prepares_a_cover_of_the_sizes_called_and_the_target_replays_it_p
         assert len(enc_sizes) > 1 and len(dec_sizes) > 1 and report.ok, report
         assert report.graphs == "encoder 1, decoder 1" and rec.graph_sizes() == ([max(enc_sizes)], [max(dec_sizes)])
         sessions = [await engine.open() for _ in range(SLOTS)]
-        before = made.captures()[0]
+        before, padded, calls = made.captures()[0], engine.status.padded_calls[0], engine.status.calls
         for n in range(SLOTS, 0, -1):
             feed(engine, sessions[:n], rng.standard_normal(rec.geometry.chunk_ms * 16).astype(np.float32) * 0.1)
             assert all(r is not None for r in await results(sessions[:n], 1))
             assert engine.status.encoder == "graphs"
         assert rec.encoder_step.buckets == [max(enc_sizes)] and made.captures()[0] == before
+        assert 0 < engine.status.padded_calls[0] - padded < engine.status.calls - calls  # the smaller steps
 
     master = random_model(seed=2, att_context_sizes=CONTEXT)
     made.run(master, body)

@@ -26,7 +26,7 @@ def test_expected_series_exist_at_zero() -> None:
         assert got[(name, ())] == 0.0, name
     for part in ("encoder", "decoder"):
         assert got[("streamd_cuda_graphs_in_use", (("part", part),))] == 0.0
-        for path in ("graphs", "eager"):
+        for path in ("graphs", "padded", "eager"):
             assert got[("streamd_engine_calls_total", (("part", part), ("path", path)))] == 0.0
     for reason in REJECTION_REASONS:
         assert got[("streamd_connections_rejected_total", (("reason", reason),))] == 0.0
@@ -38,12 +38,12 @@ def test_expected_series_exist_at_zero() -> None:
 def test_engine_calls_count_the_increase_of_the_engines_totals_by_path() -> None:
     m = Metrics(process=False)
     m.set_calls(10, (4, 1))  # 10 calls: the encoder ran 4 eagerly, the decoder 1
-    m.set_calls(25, (6, 1))
+    m.set_calls(25, (6, 1), (3, 0))  # 15 more: the encoder 2 eagerly and 3 padded
     got = samples(m)
     calls = {(part, path): got[("streamd_engine_calls_total", (("part", part), ("path", path)))]
-             for part in ("encoder", "decoder") for path in ("graphs", "eager")}
-    assert calls == {("encoder", "graphs"): 19.0, ("encoder", "eager"): 6.0,
-                     ("decoder", "graphs"): 24.0, ("decoder", "eager"): 1.0}
+             for part in ("encoder", "decoder") for path in ("graphs", "padded", "eager")}
+    assert calls == {("encoder", "graphs"): 16.0, ("encoder", "padded"): 3.0, ("encoder", "eager"): 6.0,
+                     ("decoder", "graphs"): 24.0, ("decoder", "padded"): 0.0, ("decoder", "eager"): 1.0}
 
 
 def test_endpoints_are_counted_by_rule() -> None:
