@@ -373,12 +373,12 @@ class Recognizer:
     def _count_call(self) -> None:
         """Count a part's encoder and decoder calls, and whether each ran eagerly (`eager_calls`)
         or replayed a larger bucket's graph, padded (`padded_calls`)."""
-        encoder, decoder = self.eager_calls
+        eager = (self.encoder_step.mode != GRAPHS, getattr(self.search, "mode", DECODER_EAGER) == DECODER_EAGER)
+        padded = (self.encoder_step.padded, getattr(self.search, "padded", False))
         self.calls += 1
-        self.eager_calls = (encoder + (self.encoder_step.mode != GRAPHS),
-                            decoder + (getattr(self.search, "mode", DECODER_EAGER) == DECODER_EAGER))
-        encoder, decoder = self.padded_calls
-        self.padded_calls = (encoder + self.encoder_step.padded, decoder + getattr(self.search, "padded", False))
+        self.eager_calls = (self.eager_calls[0] + eager[0], self.eager_calls[1] + eager[1])
+        self.padded_calls = (self.padded_calls[0] + (padded[0] and not eager[0]),
+                             self.padded_calls[1] + (padded[1] and not eager[1]))
 
     def _copies_rings(self, device: torch.device) -> bool:
         """Whether a step on `device` copies its samples straight from the rings (`ring_copy`)."""
