@@ -45,6 +45,7 @@ log = logging.getLogger("streamd.engine")
 
 FULL_GRAPH, NO_WHILE_LOOPS, EAGER = "full_graph", "no_while_loops", "eager"
 REQUESTS = ("auto", FULL_GRAPH, NO_WHILE_LOOPS, EAGER)
+HELD = "a move is being prepared: batch sizes without a graph decode eagerly until its cut-over"
 DEFAULT_MAX_BATCH = 64
 DEFAULT_MAX_FRAMES = 20  # a step decodes at most R+1 = 14 encoder frames (right context 13), plus margin
 STEPS = ("before_outer", "before_inner", "inner", "after_inner")
@@ -261,6 +262,15 @@ class GraphGreedyLabelLooping:
         with _exact(self.joint.pred.weight.device):
             return self._decode(enc, lengths, state)
 
+    def decode_eagerly(self, enc: Tensor, lengths: Tensor, state: DecoderState | None = None
+                       ) -> tuple[BatchedHyps, DecoderState]:
+        """As a call, by the reference decoder whatever the mode (nothing captured)."""
+        w = self.joint.pred.weight
+        with _exact(w.device):
+            self._mode = EAGER
+            return self.ref(enc.to(w.device), lengths.to(w.device),
+                            _on(state, w.device, w.dtype) if state is not None else None)
+
     def _decode(self, enc: Tensor, lengths: Tensor, state: DecoderState | None
                 ) -> tuple[BatchedHyps, DecoderState]:
         w = self.joint.pred.weight
@@ -473,6 +483,12 @@ class BucketedGraphDecoder:
         # cut-over, each capture stalling every stream; set by `engine.migration`). `prepare` is not spaced.
         self.capture_spacing_s = 0.0
         self._captured_at = -float("inf")  # time.monotonic() of the last capture on a call
+        # While a move is prepared (set and cleared by `engine.migration`) a call captures nothing:
+        # a size without graphs replays a captured larger bucket, padded, or decodes eagerly. A
+        # capture here would wait on `DEVICE_LOCK` for the move's own capture (up to 0.6 s beside
+        # 3000 streams on an H100), every stream's results with it.
+        self.hold_captures = False
+        self._held = False  # the last call decoded eagerly because captures were held
 
     @property
     def requested(self) -> str:
@@ -503,6 +519,8 @@ class BucketedGraphDecoder:
     @property
     def eager_reason(self) -> str:
         """Why the last call decoded eagerly ('' when it replayed graphs)."""
+        if self._held:
+            return HELD
         return self._last.eager_reason if self._last is not None else "no call yet"
 
     def captured(self) -> list[int]:
@@ -541,11 +559,14 @@ class BucketedGraphDecoder:
         self.used_at[size] = now
         d = self._buckets.get(size)
         fresh = d is None or d.key is None
-        self.padded = False
-        if fresh and now - self._captured_at < self.capture_spacing_s:
+        self.padded, self._held = False, False
+        if fresh and (self.hold_captures or now - self._captured_at < self.capture_spacing_s):
             padded = padded_bucket(b, self.captured())
             if padded is not None:
                 d, fresh, self.padded = self._buckets[padded], False, True
+            elif self.hold_captures:
+                self._last, self._held = self._one, True
+                return self._one.decode_eagerly(enc, lengths, state)
         if d is None:
             d = self._buckets[size] = self._make(max_batch=size)
         self._last = d

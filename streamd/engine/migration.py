@@ -32,8 +32,9 @@
    are gone. Memory the caching allocator holds for no tensor counts as free: the first time the
    GPU looks too full, the guard gives that cache back (one `empty_cache`, which waits for the step
    in flight) and asks again, once a migration.
-   Meanwhile the source's encoder step captures no new graph on the engine thread (its graphs go
-   at the cut-over; a batch size without one runs eagerly until then).
+   Meanwhile the source's encoder step and decoder capture no new graph on the engine thread
+   (their graphs go at the cut-over, and such a capture would wait for the preparation's; a
+   batch size without one replays a larger graph, padded, or runs eagerly until then).
 2. At a step boundary (on the engine thread, in an `Engine.call`) `cut_over` swaps the model and
    its prepared steps in and copies every live stream's encoder caches and decoder state to the
    target. On any error everything is put back as it was (the source's graphs included).
@@ -444,7 +445,9 @@ async def migrate(engine: Host, master: Transducer, device: torch.device | None,
     are open at the cut-over, returns once the first step after it has delivered its results (at
     most `GAP_WAIT_S` later): the report has the serving gap."""
     rec = engine.recognizer
-    held = rec.encoder_step  # the source's: no new graphs on the engine thread while the target prepares
+    # the source's encoder step and decoder: no new graphs on the engine thread while the target
+    # prepares (such a capture would wait for the preparation's, holding every stream's results)
+    held = [part for part in (rec.encoder_step, rec.search) if hasattr(part, "hold_captures")]
     source = placement(rec.model)
     report = MigrationReport(False, source, source, 0.0, 0.0, rec.active, at=time.time())
     failed_before = engine.streams_failed
@@ -456,7 +459,8 @@ async def migrate(engine: Host, master: Transducer, device: torch.device | None,
             report.ok, report.moved = True, False
             return report
         t0 = time.perf_counter()
-        held.hold_captures = True
+        for part in held:
+            setattr(part, "hold_captures", True)
         guard = MemoryGuard(dev)
         need = target_bytes(master, dt, rec.capacity, rec.att_context, rec.kv_cache)
         await _prepare(guard.require, need, "the model and its stream state")
@@ -490,7 +494,8 @@ async def migrate(engine: Host, master: Transducer, device: torch.device | None,
         report.streams_failed = engine.streams_failed - failed_before
         return report
     finally:
-        held.hold_captures = False
+        for part in held:
+            setattr(part, "hold_captures", False)
     if landed is not None:
         try:
             after, ready = await asyncio.wait_for(asyncio.wrap_future(landed), GAP_WAIT_S)

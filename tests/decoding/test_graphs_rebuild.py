@@ -11,7 +11,7 @@ import torch
 
 from helpers import random_model, run_streams, synthetic_audio
 from streamd.decoding.cuda_conditional import unsupported_reason
-from streamd.decoding.graphs import (EAGER, FULL_GRAPH, NO_WHILE_LOOPS, BucketedGraphDecoder, GraphGreedyLabelLooping,
+from streamd.decoding.graphs import (EAGER, FULL_GRAPH, HELD, NO_WHILE_LOOPS, BucketedGraphDecoder, GraphGreedyLabelLooping,
                                     GraphKey, make_decoder)
 from streamd.decoding.greedy import GreedyLabelLooping
 from streamd.decoding.state import DecoderState
@@ -463,6 +463,28 @@ def test_spaced_captures_replay_a_captured_bucket_of_at_most_twice_the_rows() ->
         modes.append(d.mode)
     assert captures == [1, 1, 2, 2] and d.captured() == [6, 12] and FULL_GRAPH in modes and EAGER not in modes
     assert sorted(d.used_at) == [6, 8, 12]  # the sizes called, captured or not (a migration prepares them)
+
+
+@pytest.mark.usefixtures("exact_buckets")
+def test_held_captures_replay_a_larger_bucket_or_decode_eagerly() -> None:
+    """While captures are held (a move is prepared), a size without graphs replays a captured
+    bucket of at most twice its rows (7 rows: the graphs of 12) or, with none, decodes eagerly (5
+    and 20 rows) and captures nothing: the same labels as the reference. Released, it captures."""
+    m, be = trained_like(), FakeBackend()
+    d, ref = bucketed(m, be, per_octave=2), reference(m)
+    rng = np.random.default_rng(5)
+    captures, modes, reasons = [], [], []
+    for b, hold in ((12, False), (7, True), (5, True), (20, True), (5, False)):
+        d.hold_captures = hold
+        enc = torch.from_numpy(rng.standard_normal((b, 7, m.dims.d_model)).astype(np.float32))
+        lengths = torch.full((b,), 7)
+        assert d(enc, lengths)[0].to_lists() == ref(enc, lengths)[0].to_lists()
+        captures.append(len(be.captures))
+        modes.append(d.mode)
+        reasons.append(d.eager_reason)
+    assert captures == [1, 1, 1, 1, 2] and d.captured() == [6, 12]
+    assert modes == [FULL_GRAPH, FULL_GRAPH, EAGER, EAGER, FULL_GRAPH]
+    assert reasons == ["", "", HELD, HELD, ""]
 
 
 def test_bucketed_decoder_rebuilds_each_bucket_after_a_cast() -> None:

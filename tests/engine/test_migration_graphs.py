@@ -279,7 +279,7 @@ def test_a_failed_cut_over_keeps_the_sources_graphs(monkeypatch: pytest.MonkeyPa
 
             def fails_at_bf16(self: Recognizer) -> Any:
                 if self.model.dtype == torch.bfloat16:
-                    held.append(rec.encoder_step.hold_captures)
+                    held.append((rec.encoder_step.hold_captures, rec.search.hold_captures))  # type: ignore[union-attr]
                     raise torch.OutOfMemoryError("simulated: out of memory converting stream state")
                 return real(self)
 
@@ -288,7 +288,8 @@ def test_a_failed_cut_over_keeps_the_sources_graphs(monkeypatch: pytest.MonkeyPa
             assert not report.ok and "converting stream state" in report.error
             assert (rec.encoder_step, rec.search) == source and rec.encoder_step.buckets  # not made again
             # the source captured no new graph while the target was prepared, and captures again
-            assert held == [True] and not rec.encoder_step.hold_captures
+            assert held == [(True, True)] and not rec.encoder_step.hold_captures
+            assert not rec.search.hold_captures  # type: ignore[union-attr]
         finally:
             await engine.stop()
 
