@@ -304,3 +304,24 @@ def test_a_size_replaying_a_larger_captured_bucket_equals_reference() -> None:
         assert d(enc, lengths)[0].to_lists() == ref(enc, lengths)[0].to_lists()
         assert d.mode != EAGER
     assert d.captured() == [6, 12]
+
+
+@pytest.mark.usefixtures("exact_buckets")
+def test_held_captures_decode_eagerly_on_cuda_and_capture_after() -> None:
+    """Captures held (a move prepared): 7 rows replay the graphs of 12, padded; 5 rows decode
+    eagerly, carrying their state on, the same labels as the reference; released, 5 rows capture."""
+    m = trained_like().cuda()
+    d, ref = BucketedGraphDecoder(m.decoder, m.joint, m.dims.blank_id, per_octave=2), reference(m)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    state, ref_state = None, None
+    for b, hold in ((12, False), (7, True), (5, True), (5, True), (5, False)):
+        d.hold_captures = hold
+        enc = torch.randn((b, 7, m.dims.d_model), device="cuda", generator=g)
+        lengths = torch.full((b,), 7, device="cuda")
+        if state is not None and state.batch != b:
+            state, ref_state = None, None
+        got, state = d(enc, lengths, state)
+        want, ref_state = ref(enc, lengths, ref_state)
+        assert got.to_lists() == want.to_lists()
+        assert (d.mode == EAGER) == (hold and b == 5)
+    assert d.captured() == [6, 12]
