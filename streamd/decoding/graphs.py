@@ -472,7 +472,7 @@ class BucketedGraphDecoder:
         self._make = partial(GraphGreedyLabelLooping, predictor, joint, blank_id, max_symbols,
                              max_frames=max_frames, mode=mode,
                              backend=backend if backend is not None else SharedPoolBackend())
-        self._one = self._make(max_batch=1)  # start states and row resets (captures nothing)
+        self._one = self._make(max_batch=1)  # start states, row resets, calls held from capturing (captures nothing)
         self._buckets: dict[int, GraphGreedyLabelLooping] = {}
         self._last: GraphGreedyLabelLooping | None = None
         self.padded = False  # the last call replayed a larger bucket's graphs than its own
@@ -488,7 +488,6 @@ class BucketedGraphDecoder:
         # capture here would wait on `DEVICE_LOCK` for the move's own capture (up to 0.6 s beside
         # 3000 streams on an H100), every stream's results with it.
         self.hold_captures = False
-        self._held = False  # the last call decoded eagerly because captures were held
 
     @property
     def requested(self) -> str:
@@ -519,7 +518,7 @@ class BucketedGraphDecoder:
     @property
     def eager_reason(self) -> str:
         """Why the last call decoded eagerly ('' when it replayed graphs)."""
-        if self._held:
+        if self._last is self._one:  # it decodes only the calls held from capturing
             return HELD
         return self._last.eager_reason if self._last is not None else "no call yet"
 
@@ -559,13 +558,13 @@ class BucketedGraphDecoder:
         self.used_at[size] = now
         d = self._buckets.get(size)
         fresh = d is None or d.key is None
-        self.padded, self._held = False, False
+        self.padded = False
         if fresh and (self.hold_captures or now - self._captured_at < self.capture_spacing_s):
             padded = padded_bucket(b, self.captured())
             if padded is not None:
                 d, fresh, self.padded = self._buckets[padded], False, True
             elif self.hold_captures:
-                self._last, self._held = self._one, True
+                self._last = self._one
                 return self._one.decode_eagerly(enc, lengths, state)
         if d is None:
             d = self._buckets[size] = self._make(max_batch=size)
