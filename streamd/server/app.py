@@ -32,6 +32,7 @@ from streamd.server.front import Front
 from streamd.server.frontends import FrontEnds
 from streamd.server.context import ServerState
 from streamd.server.heap import freeze_startup_heap
+from streamd.server.loop_watch import LoopLoad, watch
 from streamd.server.metrics import Metrics
 from streamd.server.reload import describe, merge, set_log_level
 from streamd.server.resume import Sessions
@@ -161,6 +162,9 @@ class App:
                 if started is not None:
                     started.set_result(port)
                 watchdog = asyncio.create_task(_watchdog(notifier, self.state.engine))
+                if not cfg.workers:  # front ends watch their own loops (server/worker.py)
+                    load = LoopLoad("event loop", self.state.metrics, cpu=None)  # the engine thread's CPU too
+                    stack.callback(asyncio.create_task(watch(load, lambda: len(self.state.live))).cancel)
                 exiter = asyncio.create_task(self._exit_when_drained())
                 await _until_either(self.state.shutdown, self.state.engine.died)
                 exiter.cancel()

@@ -38,6 +38,7 @@ _LATENCY_BUCKETS = (0.08, 0.16, 0.24, 0.32, 0.48, 0.64, 0.96, 1.28, 1.92, 2.56, 
 _STEP_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 _PAUSE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
 class Metrics:
@@ -122,10 +123,18 @@ class Metrics:
             "front_audio_messages", "Front ends' audio messages to the engine's process by path (shared: the "
             "samples in the front end's shared-memory pipe; inline: in the message, when the pipe had no room, "
             "the engine thread being behind).", ["path"], namespace=ns, registry=r)
+        self.loop_lag = Histogram(
+            "event_loop_lag_seconds", "How late the event loops serving the streams woke from a 100-ms sleep "
+            "(the front ends', or the daemon's own with --workers 0): every stream of a late loop waits as long "
+            "(server/loop_watch.py).", namespace=ns, registry=r, buckets=_LAG_BUCKETS)
+        self.front_cpu = Counter(
+            "front_cpu_seconds", "CPU time of the front-end processes (user and system; none with --workers 0, "
+            "where process_cpu_seconds_total is the daemon's).", namespace=ns, registry=r)
         # Recorded by connections: in a front-end process (`server/worker.py`) these are sent to
         # the engine's process, whose /metrics adds them to its own.
         self.front = (self.streams_active, self.connections, self.rejections, self.audio_seconds,
-                      self.partial_latency, self.final_latency, self.backlog, self.endpoints, self.audio_messages)
+                      self.partial_latency, self.final_latency, self.backlog, self.endpoints, self.audio_messages,
+                      self.loop_lag, self.front_cpu)
         self._remote: dict[int, list[Metric]] = {}
         self.set_graphs(False, False)
         self.set_calls(0, (0, 0), (0, 0))

@@ -32,6 +32,7 @@ from streamd.server.link import (CloseStream, Done, EndStream, Evict, Failed, Fr
                                  MetricsText, NeedRoom, Opened, OpenStream, Reconfigure, Results, SharedAudio, Shutdown,
                                  Status, StreamAudio, ToEngine, ToFront, Up, WorkerSpec, listening_socket)
 from streamd.server.heap import freeze_startup_heap
+from streamd.server.loop_watch import LoopLoad, watch
 from streamd.server.context import StreamContext
 from streamd.server.metrics import Metrics
 from streamd.server.reload import set_log_level
@@ -79,9 +80,11 @@ async def _serve(spec: WorkerSpec) -> None:
         freeze_startup_heap()
         engine.post(Up(os.getpid()))
         pusher = asyncio.create_task(_push_metrics(engine, state.metrics))
+        watcher = asyncio.create_task(watch(LoopLoad(f"front end {spec.index}", state.metrics), lambda: len(state.live)))
         await state.shutdown.wait()
         await front.drain()
         pusher.cancel()
+        watcher.cancel()
     engine.post(FrontMetrics(state.metrics.front_snapshot()))
     engine.stop()
 

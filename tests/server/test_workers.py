@@ -52,6 +52,9 @@ def test_front_ends_serve_what_one_process_serves(tmp_path: Path) -> None:
             # the audio came through the front ends' shared-memory pipes, none inline
             assert metric(text, 'streamd_front_audio_messages_total{path="shared"}') > 0
             assert metric(text, 'streamd_front_audio_messages_total{path="inline"}') == 0
+            # each front end watches its event loop (10 wake-ups a second) and counts its CPU time
+            assert metric(text, "streamd_event_loop_lag_seconds_count") > 0
+            assert metric(text, "streamd_front_cpu_seconds_total") > 0
             # the capacity limit holds for the daemon, not per front end: 24 open across both
             held = [await websockets.connect(url + "/v1/stream") for _ in range(24)]
             await asyncio.sleep(0.1)

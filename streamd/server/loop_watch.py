@@ -1,0 +1,77 @@
+"""How busy the event loop that serves streams is: how late it wakes, and (a front-end process)
+how much of a CPU the process takes.
+
+Every stream of an event loop waits for it: a loop that wakes 300 ms late holds every one of its
+streams' audio and results back by as much, whatever the engine does. The engine's log says how
+busy the engine thread and the GPU are (`engine/step_times.py`); this says the same of the front
+ends, in `streamd_event_loop_lag_seconds`, `streamd_front_cpu_seconds_total` and a log line
+every `REPORT_EVERY_S` while streams are open.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable
+
+from streamd.server.metrics import Metrics
+
+log = logging.getLogger("streamd.server")
+TICK_S = 0.1  # how often the loop is asked to wake: its lateness is measured this often
+REPORT_EVERY_S = 10.0
+
+
+class LoopLoad:
+    """One event loop's lateness and its process's CPU time since the last report.
+
+    Args:
+        name: what the log line calls the loop ("front end 3").
+        metrics: where each lateness and the CPU time go.
+        cpu: the process's CPU seconds so far (`time.process_time`), or None where the process
+            also runs the engine thread (`--workers 0`: its CPU time says nothing of the loop).
+    """
+
+    def __init__(self, name: str, metrics: Metrics, cpu: Callable[[], float] | None = time.process_time) -> None:
+        self.name, self.metrics, self.cpu = name, metrics, cpu
+        self._late: list[float] = []
+        self._cpu_at = cpu() if cpu is not None else 0.0
+        self._cpu_window = 0.0
+
+    def tick(self, late_s: float) -> None:
+        """The loop woke `late_s` after it was due."""
+        self._late.append(late_s)
+        self.metrics.loop_lag.observe(late_s)
+        if self.cpu is not None:
+            now = self.cpu()
+            self.metrics.front_cpu.inc(now - self._cpu_at)
+            self._cpu_window += now - self._cpu_at
+            self._cpu_at = now
+
+    def report(self, wall_s: float, streams: int) -> str | None:
+        """The window's line (None without a tick or a stream), and a new window."""
+        late, cpu_s = sorted(self._late), self._cpu_window
+        self._late, self._cpu_window = [], 0.0
+        if not late or not streams:
+            return None
+        p95 = late[min(len(late) - 1, math.ceil(0.95 * len(late)) - 1)]
+        cpu = f", {100 * cpu_s / wall_s:.0f} % of a CPU" if self.cpu is not None else ""
+        return (f"{self.name}: {streams} streams{cpu}; its event loop woke {len(late)} times in {wall_s:.1f} s, "
+                f"up to {1e3 * late[-1]:.0f} ms late (p95 {1e3 * p95:.0f} ms)")
+
+
+async def watch(load: LoopLoad, streams: Callable[[], int], tick_s: float = TICK_S,
+                every_s: float = REPORT_EVERY_S) -> None:
+    """Wake every `tick_s` and tell `load` how late; log its line every `every_s` (runs until cancelled)."""
+    loop = asyncio.get_running_loop()
+    since = loop.time()
+    while True:
+        due = loop.time() + tick_s
+        await asyncio.sleep(tick_s)
+        now = loop.time()
+        load.tick(max(0.0, now - due))
+        if now - since >= every_s:
+            line = load.report(now - since, streams())
+            if line is not None:
+                log.info(line)
+            since = now
