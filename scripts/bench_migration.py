@@ -68,6 +68,7 @@ CHUNK_RC = {80: 0, 160: 1, 560: 6, 1120: 13}  # chunk ms -> right context
 # compared run (fp32 moves of a few streams), which is played to its end twice.
 PREPARE_ALLOWANCE_S = 150.0
 COMPARED_ALLOWANCE_S = 30.0
+LOOP_TICK_S = 0.1  # how often a client process's event loop is asked to wake (its lateness measured)
 
 @dataclass(frozen=True)
 class Feed:
@@ -150,25 +151,39 @@ async def client(url: str, index: int, feed: Feed, start_at: float, stop: asynci
 
 
 def client_process(url: str, indices: list[int], feed: Feed, start_at: float, ramp_s: float,
-                   stop_file: str | None) -> list[dict[str, Any]]:
+                   stop_file: str | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Several streams in one process of their own (clients are elsewhere in production), started
     evenly over `ramp_s` (staggered phases, as real clients are); they stop early once `stop_file`
-    exists."""
-    async def all_clients() -> list[dict[str, Any]]:
+    exists. Returns the streams' logs and the process's own account: its CPU seconds and wall time,
+    and how late its event loop woke from each `LOOP_TICK_S` sleep (wall time, seconds late): a
+    late loop reads results late, and the latencies measured here grow by as much."""
+    async def all_clients() -> tuple[list[dict[str, Any]], list[tuple[float, float]]]:
         n = max(indices) + 1
         stop = asyncio.Event()
+        lateness: list[tuple[float, float]] = []
 
         async def watch() -> None:
             while stop_file is not None and not Path(stop_file).exists():
                 await asyncio.sleep(0.5)
             stop.set()
 
+        async def tick() -> None:
+            loop = asyncio.get_running_loop()
+            while True:
+                due = loop.time() + LOOP_TICK_S
+                await asyncio.sleep(LOOP_TICK_S)
+                lateness.append((time.time(), max(0.0, loop.time() - due)))
+
         watcher = asyncio.create_task(watch()) if stop_file is not None else None
+        ticker = asyncio.create_task(tick())
         logs = await asyncio.gather(*(client(url, i, feed, start_at + ramp_s * i / n, stop) for i in indices))
+        ticker.cancel()
         if watcher is not None:
             watcher.cancel()
-        return list(logs)
-    return asyncio.run(all_clients())
+        return list(logs), lateness
+    wall0, cpu0 = time.time(), time.process_time()
+    logs, lateness = asyncio.run(all_clients())
+    return logs, {"cpu_s": time.process_time() - cpu0, "wall_s": time.time() - wall0, "lateness": lateness}
 
 
 def admin(sock: Path, method: str, path: str, body: dict[str, Any] | None = None, timeout: float = 120) -> dict[str, Any]:
@@ -300,7 +315,9 @@ def run_daemon(args: argparse.Namespace, model: Path, moves: list[str], tag: str
         dumps.stop()
         if stop_file is not None:
             Path(stop_file).touch()
-        logs = [log for job in jobs for log in job.result()]
+        done = [job.result() for job in jobs]
+        logs = [log for stream_logs, _ in done for log in stream_logs]
+        processes = [account for _, account in done]
         for spy in spies:
             if spy is not None:
                 spy.wait()
@@ -320,8 +337,18 @@ def run_daemon(args: argparse.Namespace, model: Path, moves: list[str], tag: str
         r["latency_p95_s"], r["latency_max_s"] = whole["p95_s"], whole["max_s"]
         r["latency_preparing"] = latency(r["at"], r["at"] + (r["prepare_ms"] or 0) / 1000)  # the target's graphs
         r["latency_after"] = latency(r["until"] - args.settle, r["until"])  # from the admin call's return
+    def clients_late(start: float, end: float) -> dict[str, float | None]:
+        late = sorted(x for account in processes for t, x in account["lateness"] if start <= t < end)
+        return {"p95_s": round(late[min(len(late) - 1, int(0.95 * len(late)))], 3) if late else None,
+                "max_s": round(late[-1], 3) if late else None}
+
     dropped = [log["index"] for log in logs if log["closed"] != 1000 or not log.get("summary") or log["error"]]
-    return {"moves": reports, "latency_before_moves": latency(*baseline),
+    load_generator = {"processes": len(processes),
+                      "max_process_cores": round(max(a["cpu_s"] / a["wall_s"] for a in processes), 2),
+                      "cores_used": round(sum(a["cpu_s"] for a in processes) / max(a["wall_s"] for a in processes), 2),
+                      "loop_late_before_moves": clients_late(*baseline),
+                      "loop_late": clients_late(0.0, float("inf"))}
+    return {"moves": reports, "latency_before_moves": latency(*baseline), "load_generator": load_generator,
             "streams_dropped": len(dropped), "dropped": dropped[:20],
             "errors": sorted({log["error"] for log in logs if log["error"]})[:5],
             "tokens": {log["index"]: log["tokens"] for log in logs},
@@ -341,6 +368,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"machine": machine(), "streams": args.streams, "chunk_ms": args.chunk_ms,
                            "workers": args.workers, "start": args.start, "admission": "max_streams",
                            "moves": moved["moves"], "latency_before_moves": moved["latency_before_moves"],
+                           "load_generator": moved["load_generator"],
                            "streams_dropped": moved["streams_dropped"],
                            "dropped": moved["dropped"], "errors": moved["errors"]}
     if compare:
@@ -447,6 +475,11 @@ def main() -> None:
     result = run(args)
     base = result["latency_before_moves"]
     print(f"result latency before the first move: p95 {fmt(base['p95_s'])} s, max {fmt(base['max_s'])} s")
+    gen = result["load_generator"]
+    print(f"load generator: {gen['processes']} processes, {gen['cores_used']:.2f} cores in all, the busiest "
+          f"{gen['max_process_cores']:.2f}; their event loops woke late before the first move by p95 "
+          f"{fmt(gen['loop_late_before_moves']['p95_s'])} s, at most {fmt(gen['loop_late_before_moves']['max_s'])} s "
+          f"(the whole run: {fmt(gen['loop_late']['max_s'])} s)")
     print(f"{'move':<16}{'ok':<4}{'pause ms':>10}{'capture ms':>11}{'prep s':>8}{'behind s':>9}{'gap ms':>9}"
           f"{'p95 s':>8}{'max s':>8}"
           f"{'prep p95/max':>14}{'after p95/max':>15}{'eager after':>12}  graphs now")

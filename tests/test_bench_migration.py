@@ -1,10 +1,13 @@
 """`scripts/bench_migration.py`: its wait for a move ends as soon as the daemon says its engine
 stalled (`/livez` 503), not at `--move-timeout` (a hung move held a device call for five minutes);
 token differences are placed, and set beside a second unmoved run's with --control; the share of
-calls that ran eagerly after a move is read off two statuses."""
+calls that ran eagerly after a move is read off two statuses; a client process accounts for its
+own CPU and how late its event loop woke."""
 from __future__ import annotations
 
+import asyncio
 import http.server
+import json
 import socket
 import sys
 import threading
@@ -15,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from websockets.asyncio.server import ServerConnection, serve
 
 from conftest import REPO
 
@@ -114,8 +118,8 @@ def test_the_control_run_says_how_many_streams_two_unmoved_runs_share(monkeypatc
             "unmoved-again": {0: [1, 2], 1: [3, 3], 2: [4, 5]}}
 
     def run_daemon(args: Any, model: Path, moves: list[str], tag: str, seconds: float, stop_early: bool) -> dict[str, Any]:
-        return {"moves": [], "latency_before_moves": {}, "streams_dropped": 0, "dropped": [], "errors": [],
-                "tokens": runs[tag], "timeline": {i: (0.0, [(1.0, 9)]) for i in runs[tag]}}
+        return {"moves": [], "latency_before_moves": {}, "load_generator": {}, "streams_dropped": 0, "dropped": [],
+                "errors": [], "tokens": runs[tag], "timeline": {i: (0.0, [(1.0, 9)]) for i in runs[tag]}}
 
     monkeypatch.setattr(bench_migration, "run_daemon", run_daemon)
     monkeypatch.setattr(bench_migration, "machine", lambda: {})
@@ -140,3 +144,50 @@ def test_the_eager_share_after_a_move_is_read_off_two_statuses() -> None:
     before["padded_calls"], after["padded_calls"] = {"encoder": 0, "decoder": 0}, {"encoder": 8, "decoder": 0}
     assert bench_migration.eager_share(before, after) == {"calls": 40, "encoder": 0.25, "decoder": 0.05,
                                                           "padded": {"encoder": 0.2, "decoder": 0.0}}
+
+
+@contextmanager
+def stream_server() -> Iterator[str]:
+    """A websocket server, on an event loop in a thread of its own, that answers a stream's `stop`
+    with a summary; yields its ws:// URL."""
+    loop = asyncio.new_event_loop()
+    started, port = threading.Event(), []
+    done = asyncio.Event()
+
+    async def handler(ws: ServerConnection) -> None:
+        async for message in ws:
+            if isinstance(message, str) and json.loads(message)["type"] == "stop":
+                await ws.send(json.dumps({"type": "summary"}))
+                await ws.close()
+
+    async def main() -> None:
+        async with serve(handler, "127.0.0.1", 0, compression=None) as server:
+            port.append(server.sockets[0].getsockname()[1])
+            started.set()
+            await done.wait()
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(main(),), daemon=True)
+    thread.start()
+    assert started.wait(10)
+    try:
+        yield f"ws://127.0.0.1:{port[0]}"
+    finally:
+        loop.call_soon_threadsafe(done.set)
+        thread.join(10)
+
+
+def test_a_client_process_accounts_for_its_cpu_and_its_loop_s_lateness(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_client = bench_migration.client
+
+    async def client_that_blocks(*args: Any) -> dict[str, Any]:
+        log = await real_client(*args)
+        time.sleep(0.3)  # blocks the client process's event loop, as a saturated process would
+        return log
+
+    monkeypatch.setattr(bench_migration, "client", client_that_blocks)
+    with stream_server() as url:
+        logs, account = bench_migration.client_process(url, [0, 1], bench_migration.Feed(1.0, 0.1), time.time(), 0.1,
+                                                       None)
+    assert [log["closed"] for log in logs] == [1000, 1000] and all(log.get("summary") for log in logs)
+    assert 0 < account["cpu_s"] and account["wall_s"] >= 1.0
+    assert account["lateness"] and max(late for _, late in account["lateness"]) >= 0.19  # 0.3 s less a tick at most
