@@ -337,6 +337,7 @@ def run_daemon(args: argparse.Namespace, model: Path, moves: list[str], tag: str
         r["latency_p95_s"], r["latency_max_s"] = whole["p95_s"], whole["max_s"]
         r["latency_preparing"] = latency(r["at"], r["at"] + (r["prepare_ms"] or 0) / 1000)  # the target's graphs
         r["latency_after"] = latency(r["until"] - args.settle, r["until"])  # from the admin call's return
+
     def clients_late(start: float, end: float) -> dict[str, float | None]:
         late = sorted(x for account in processes for t, x in account["lateness"] if start <= t < end)
         return {"p95_s": round(late[min(len(late) - 1, int(0.95 * len(late)))], 3) if late else None,

@@ -163,7 +163,7 @@ class App:
                     started.set_result(port)
                 watchdog = asyncio.create_task(_watchdog(notifier, self.state.engine))
                 if not cfg.workers:  # front ends watch their own loops (server/worker.py)
-                    load = LoopLoad("event loop", self.state.metrics, cpu=None)  # the engine thread's CPU too
+                    load = LoopLoad("the daemon", self.state.metrics, cpu=None)  # the engine thread's CPU too
                     stack.callback(asyncio.create_task(watch(load, lambda: len(self.state.live))).cancel)
                 exiter = asyncio.create_task(self._exit_when_drained())
                 await _until_either(self.state.shutdown, self.state.engine.died)

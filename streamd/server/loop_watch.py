@@ -26,7 +26,7 @@ class LoopLoad:
     """One event loop's lateness and its process's CPU time since the last report.
 
     Args:
-        name: what the log line calls the loop ("front end 3").
+        name: whose loop, for the log line ("front end 3", "the daemon").
         metrics: where each lateness and the CPU time go.
         cpu: the process's CPU seconds so far (`time.process_time`), or None where the process
             also runs the engine thread (`--workers 0`: its CPU time says nothing of the loop).

@@ -33,11 +33,11 @@ def test_a_window_reports_lateness_and_cpu_share_then_starts_again() -> None:
 
 
 def test_no_line_without_streams_and_no_cpu_where_the_engine_shares_the_process() -> None:
-    load = LoopLoad("event loop", Metrics(process=False), cpu=None)
+    load = LoopLoad("the daemon", Metrics(process=False), cpu=None)
     load.tick(0.001)
     assert load.report(1.0, streams=0) is None
     load.tick(0.003)
-    assert load.report(1.0, streams=5) == "event loop: 5 streams; its event loop woke 1 times in 1.0 s, up to 3 ms late (p95 3 ms)"
+    assert load.report(1.0, streams=5) == "the daemon: 5 streams; its event loop woke 1 times in 1.0 s, up to 3 ms late (p95 3 ms)"
 
 
 def test_watch_measures_a_loop_held_by_blocking_work(caplog: pytest.LogCaptureFixture) -> None:
