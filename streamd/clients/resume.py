@@ -343,14 +343,22 @@ class ResumingStream:
         await asyncio.sleep(delay)
 
     async def _open(self, start: Start, url: str | None = None) -> tuple[ClientConnection, Ready | Resumed]:
-        """Connect, send `start`, read the first answer (the seq of a `resumed` is kept)."""
+        """Connect, send `start`, read the first answer (the seq of a `resumed` is kept); a
+        server that does not answer within `open_timeout` (not a streamd daemon, or one that hangs)
+        is a StreamError, not a wait without end."""
         endpoint = url or self.url
         ws = await handshake(endpoint, self.cafile, self.open_timeout, self.token)
         try:
             await ws.send(encode_client_message(start))
-            seq, first = _parse(str(await ws.recv()))
+            async with asyncio.timeout(self.open_timeout):
+                reply = await ws.recv()
+            seq, first = _parse(str(reply))
         except ConnectionClosed:
             raise ConnectionLost(ws.close_code) from None
+        except TimeoutError:
+            ws.transport.abort()  # a closing handshake would wait on the same silence
+            raise StreamError("no_answer", f"{endpoint} took the connection but did not answer `start` in "
+                                           f"{self.open_timeout:g} s: is it a streamd daemon, and is it serving?") from None
         except ProtocolViolation as e:
             await ws.close()
             raise StreamError("bad_reply", f"{endpoint} does not speak protocol v1: {e}") from None

@@ -1,17 +1,22 @@
 """The shared client pieces: URLs, retry decisions, the live display, the progress bar, imports."""
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import subprocess
 import sys
+import time
 
 import pytest
+from websockets.asyncio.server import ServerConnection, serve
 
 from conftest import REPO
 from streamd.clients.common import (Backoff, ConnectionLost, LiveDisplay, ServerBusy, StreamError, format_time,
                                     retry_delay, stream_url)
 from streamd.clients.progress import Progress
+from streamd.clients.resume import ResumingStream
+from streamd.protocol import Start
 
 
 def test_stream_url_adds_the_protocol_path() -> None:
@@ -106,3 +111,26 @@ def test_a_refusal_says_whether_the_daemon_drains_or_is_full() -> None:
     assert "full" not in ServerBusy(5.0, b"draining\n").message
     assert "at capacity" in ServerBusy(1.0, b"at capacity\n").message
     assert "full or draining" in ServerBusy(1.0, b"<html>503</html>").message  # a proxy's page: not echoed
+
+
+def test_a_server_that_takes_the_connection_but_never_answers_is_an_error_not_a_wait() -> None:
+    """Not a streamd daemon, or one that hangs: `start` gets no `ready`. The stream ends with a
+    StreamError that says so within `open_timeout` (it used to wait for ever), and a new
+    connection may help (a daemon that hung a while)."""
+    async def main() -> None:
+        async def mute(ws: ServerConnection) -> None:
+            async for _ in ws:
+                pass
+
+        async with serve(mute, "127.0.0.1", 0, compression=None) as server:
+            url = f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+            t = time.monotonic()
+            with pytest.raises(StreamError) as exc:
+                async with ResumingStream(url, Start(sample_rate=16000, encoding="s16le"), open_timeout=0.5):
+                    pass
+            assert time.monotonic() - t < 5
+            assert exc.value.code == "no_answer" and "did not answer `start` in 0.5 s" in exc.value.message
+            assert "is it a streamd daemon" in exc.value.message
+            assert retry_delay(exc.value, Backoff()) is not None
+
+    asyncio.run(main())
