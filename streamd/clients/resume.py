@@ -357,7 +357,7 @@ class ResumingStream:
             raise ConnectionLost(ws.close_code) from None
         except TimeoutError:
             ws.transport.abort()  # a closing handshake would wait on the same silence
-            raise StreamError("no_answer", f"{endpoint} took the connection but did not answer `start` in "
+            raise StreamError("no_answer", f"the server took the connection but did not answer `start` in "
                                            f"{self.open_timeout:g} s: is it a streamd daemon, and is it serving?") from None
         except ProtocolViolation as e:
             await ws.close()
