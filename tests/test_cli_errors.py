@@ -1,7 +1,8 @@
 """What the user meets when a start or a command cannot work: one line naming the cause, exit 2,
-no traceback, and for a port in use before the model is loaded."""
+no traceback, and for a port in use before the model is loaded (or taken while it loaded)."""
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import subprocess
@@ -13,6 +14,9 @@ import pytest
 from conftest import FIXTURES
 from streamd import cli
 from streamd.admin_client import _summary
+from streamd.errors import ConfigError
+from streamd.server.app import App, build_state
+from streamd.server.metrics import Metrics
 
 WAV = FIXTURES / "in3_espeak_sentence.wav"
 
@@ -180,3 +184,25 @@ def test_serve_help_shows_choices_and_the_log_names_the_page_and_a_clean_exit(
     lines = [r.getMessage() for r in caplog.records]
     assert any(line.startswith("serving ") and line.endswith(f"browser page {page}") for line in lines), lines
     assert lines[-1] == "stopped", lines[-3:]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_port_taken_while_the_model_loaded_is_one_clear_error_too(workers: int) -> None:
+    """The check before the model loads found the port free; another program took it before the
+    listener (or the front ends' shared socket) bound it: the same words, not an errno."""
+    sys.path.insert(0, str(Path(__file__).parent / "server"))
+    from daemon import config
+
+    async def main() -> None:
+        with socket.socket() as busy:
+            busy.bind(("127.0.0.1", 0))
+            busy.listen()
+            port = busy.getsockname()[1]
+            with pytest.raises(ConfigError) as exc:
+                await asyncio.wait_for(App(build_state(config(port=port, workers=workers), Metrics(process=False))).serve(),
+                                       120)
+        assert str(exc.value) == (f"port {port} on 127.0.0.1 is already in use (taken while the model loaded) "
+                                  "(another streamd or another program listens there); stop it or choose another "
+                                  "with --port")
+
+    asyncio.run(main())

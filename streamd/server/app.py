@@ -34,6 +34,7 @@ from streamd.server.context import ServerState
 from streamd.server.heap import freeze_startup_heap
 from streamd.server.loop_watch import LoopLoad, watch
 from streamd.server.metrics import Metrics
+from streamd.server.ports import BIND_ERRORS, bind_error
 from streamd.server.reload import describe, merge, set_log_level
 from streamd.server.resume import Sessions
 
@@ -145,12 +146,17 @@ class App:
             await _unless_engine_dies(self.state.engine, measure_capacity(self.state))
             freeze_startup_heap()
             async with contextlib.AsyncExitStack() as stack:
-                if cfg.workers:
-                    self.fronts = FrontEnds(self.state, cfg.workers)
-                    port = await self.fronts.start()
-                else:
-                    port = _bound_port(await stack.enter_async_context(self.front.listen()))
-                    self.front.ready = True
+                try:
+                    if cfg.workers:
+                        self.fronts = FrontEnds(self.state, cfg.workers)
+                        port = await self.fronts.start()
+                    else:
+                        port = _bound_port(await stack.enter_async_context(self.front.listen()))
+                        self.front.ready = True
+                except OSError as e:
+                    if e.errno not in BIND_ERRORS:
+                        raise
+                    raise bind_error(e, cfg.host, cfg.port, "--port", late=True) from None
                 # Before the log line and READY=1 that a reload may follow at once (a test, `systemctl
                 # reload`): until this call SIGHUP is ignored (cli.py), and one sent then was lost.
                 _on_signals(loop, (signal.SIGHUP,), self.reload)

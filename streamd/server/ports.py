@@ -31,10 +31,20 @@ def check_free(host: str, port: int, flag: str) -> None:
             try:
                 s.bind(addr)
             except OSError as e:
-                if e.errno == errno.EADDRINUSE:
-                    raise ConfigError(f"port {port} on {host} is already in use (another streamd or another "
-                                      f"program listens there); stop it or choose another with {flag}") from None
-                raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+                raise bind_error(e, host, port, flag) from None
+
+
+BIND_ERRORS = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES})  # what binding a port raises
+
+
+def bind_error(e: OSError, host: str, port: int, flag: str, *, late: bool = False) -> ConfigError:
+    """`e`, raised binding `host`:`port`, in a user's words (`late`: at the listener's own bind,
+    after `check_free` found the port free: another program took it while the model loaded)."""
+    if e.errno == errno.EADDRINUSE:
+        when = " (taken while the model loaded)" if late else ""
+        return ConfigError(f"port {port} on {host} is already in use{when} (another streamd or another program "
+                           f"listens there); stop it or choose another with {flag}")
+    return ConfigError(f"cannot listen on {host}:{port}: {e.strerror}")
 
 
 def check_listeners(cfg: Config) -> None:
