@@ -61,6 +61,7 @@ import load  # noqa: E402 - scripts/load.py: the daemon process and the test aud
 
 from bench_model import make_model  # noqa: E402 - scripts/bench_model.py: the benchmarks' random FastConformer-L
 from streamd.admin_client import AdminError, request  # noqa: E402
+from streamd.server.loop_watch import wake_ups  # noqa: E402
 
 CHUNK_RC = {80: 0, 160: 1, 560: 6, 1120: 13}  # chunk ms -> right context
 # Audio per stream added per move on a GPU, where the target's graphs are captured first (paced: up
@@ -68,7 +69,6 @@ CHUNK_RC = {80: 0, 160: 1, 560: 6, 1120: 13}  # chunk ms -> right context
 # compared run (fp32 moves of a few streams), which is played to its end twice.
 PREPARE_ALLOWANCE_S = 150.0
 COMPARED_ALLOWANCE_S = 30.0
-LOOP_TICK_S = 0.1  # how often a client process's event loop is asked to wake (its lateness measured)
 
 @dataclass(frozen=True)
 class Feed:
@@ -155,7 +155,7 @@ def client_process(url: str, indices: list[int], feed: Feed, start_at: float, ra
     """Several streams in one process of their own (clients are elsewhere in production), started
     evenly over `ramp_s` (staggered phases, as real clients are); they stop early once `stop_file`
     exists. Returns the streams' logs and the process's own account: its CPU seconds and wall time,
-    and how late its event loop woke from each `LOOP_TICK_S` sleep (wall time, seconds late): a
+    and how late its event loop woke from each 100-ms sleep (`loop_watch.wake_ups`: wall time, seconds late): a
     late loop reads results late, and the latencies measured here grow by as much."""
     async def all_clients() -> tuple[list[dict[str, Any]], list[tuple[float, float]]]:
         n = max(indices) + 1
@@ -167,15 +167,8 @@ def client_process(url: str, indices: list[int], feed: Feed, start_at: float, ra
                 await asyncio.sleep(0.5)
             stop.set()
 
-        async def tick() -> None:
-            loop = asyncio.get_running_loop()
-            while True:
-                due = loop.time() + LOOP_TICK_S
-                await asyncio.sleep(LOOP_TICK_S)
-                lateness.append((time.time(), max(0.0, loop.time() - due)))
-
         watcher = asyncio.create_task(watch()) if stop_file is not None else None
-        ticker = asyncio.create_task(tick())
+        ticker = asyncio.create_task(wake_ups(lambda late: lateness.append((time.time(), late))))
         logs = await asyncio.gather(*(client(url, i, feed, start_at + ramp_s * i / n, stop) for i in indices))
         ticker.cancel()
         if watcher is not None:
@@ -184,6 +177,13 @@ def client_process(url: str, indices: list[int], feed: Feed, start_at: float, ra
     wall0, cpu0 = time.time(), time.process_time()
     logs, lateness = asyncio.run(all_clients())
     return logs, {"cpu_s": time.process_time() - cpu0, "wall_s": time.time() - wall0, "lateness": lateness}
+
+
+def p95_max(values: list[float]) -> dict[str, float | None]:
+    """p95 and max of `values` in seconds, rounded to ms (None: no value)."""
+    ordered = sorted(values)
+    return {"p95_s": round(ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))], 3) if ordered else None,
+            "max_s": round(ordered[-1], 3) if ordered else None}
 
 
 def admin(sock: Path, method: str, path: str, body: dict[str, Any] | None = None, timeout: float = 120) -> dict[str, Any]:
@@ -328,9 +328,7 @@ def run_daemon(args: argparse.Namespace, model: Path, moves: list[str], tag: str
         if code not in (0, None):
             print(f"  daemon exit code {code}; last log lines:\n    " + "\n    ".join(daemon.log), flush=True)
     def latency(start: float, end: float) -> dict[str, float | None]:
-        lat = sorted(x for log in logs for t, x in log["results"] if start <= t < end)
-        return {"p95_s": round(lat[min(len(lat) - 1, int(0.95 * len(lat)))], 3) if lat else None,
-                "max_s": round(lat[-1], 3) if lat else None}
+        return p95_max([x for log in logs for t, x in log["results"] if start <= t < end])
 
     for r in reports:  # what clients saw from the admin call (preparation included) to `settle` s after it returned
         whole = latency(r["at"], r["until"])
@@ -339,9 +337,7 @@ def run_daemon(args: argparse.Namespace, model: Path, moves: list[str], tag: str
         r["latency_after"] = latency(r["until"] - args.settle, r["until"])  # from the admin call's return
 
     def clients_late(start: float, end: float) -> dict[str, float | None]:
-        late = sorted(x for account in processes for t, x in account["lateness"] if start <= t < end)
-        return {"p95_s": round(late[min(len(late) - 1, int(0.95 * len(late)))], 3) if late else None,
-                "max_s": round(late[-1], 3) if late else None}
+        return p95_max([x for account in processes for t, x in account["lateness"] if start <= t < end])
 
     dropped = [log["index"] for log in logs if log["closed"] != 1000 or not log.get("summary") or log["error"]]
     load_generator = {"processes": len(processes),

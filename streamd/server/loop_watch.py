@@ -60,18 +60,29 @@ class LoopLoad:
                 f"up to {1e3 * late[-1]:.0f} ms late (p95 {1e3 * p95:.0f} ms)")
 
 
-async def watch(load: LoopLoad, streams: Callable[[], int], tick_s: float = TICK_S,
-                every_s: float = REPORT_EVERY_S) -> None:
-    """Wake every `tick_s` and tell `load` how late; log its line every `every_s` (runs until cancelled)."""
+async def wake_ups(on_late: Callable[[float], None], tick_s: float = TICK_S) -> None:
+    """Sleep `tick_s` over and over and tell `on_late` how many seconds late each wake-up came
+    (runs until cancelled; the migration benchmark's client processes use it too)."""
     loop = asyncio.get_running_loop()
-    since = loop.time()
     while True:
         due = loop.time() + tick_s
         await asyncio.sleep(tick_s)
-        now = loop.time()
-        load.tick(max(0.0, now - due))
-        if now - since >= every_s:
+        on_late(max(0.0, loop.time() - due))
+
+
+async def watch(load: LoopLoad, streams: Callable[[], int], tick_s: float = TICK_S,
+                every_s: float = REPORT_EVERY_S) -> None:
+    """Tell `load` how late each wake-up came; log its line every `every_s` (runs until cancelled)."""
+    loop = asyncio.get_running_loop()
+    since = loop.time()
+
+    def on_late(late_s: float) -> None:
+        nonlocal since
+        load.tick(late_s)
+        if (now := loop.time()) - since >= every_s:
             line = load.report(now - since, streams())
             if line is not None:
                 log.info(line)
             since = now
+
+    await wake_ups(on_late, tick_s)
