@@ -76,10 +76,12 @@ class SlotAudio:
         kept. Returns, per piece, whether its stream has a full chunk pending now (after all the
         pieces)."""
         samples = np.ascontiguousarray(samples, np.float32)  # (a no-op for a front end's message)
-        if np.unique(slots).size != slots.size:  # a stream twice in one message: one piece at a time
-            for slot, start, size in zip(slots.tolist(), starts.tolist(), sizes.tolist()):
-                self.push(slot, samples[start: start + size])
-            return self.samples[slots] >= self.full_at[slots]
+        for piece in _rounds(slots):  # a stream twice in one message: its pieces in turn
+            self._push_distinct(slots[piece], starts[piece], sizes[piece], samples)
+        return self.samples[slots] >= self.full_at[slots]
+
+    def _push_distinct(self, slots: np.ndarray, starts: np.ndarray, sizes: np.ndarray, samples: np.ndarray) -> None:
+        """`push_many` of pieces of distinct streams."""
         m = self.rows.shape[1]
         written = self.written[slots]
         fits = (written + sizes - self._keep_from(slots, self.taken[slots] * self.geometry.hop) <= m) \
@@ -101,7 +103,6 @@ class SlotAudio:
             for slot, a, n in zip(slots[~fits].tolist(), starts[~fits].tolist(), sizes[~fits].tolist()):
                 self._queue(slot, samples[a: a + n])
         self.samples[slots] += sizes
-        return self.samples[slots] >= self.full_at[slots]
 
     def ready(self, slots: np.ndarray) -> np.ndarray:
         """Per slot: a step can run (a full chunk is pending, or the stream ended with frames left)."""
@@ -355,3 +356,19 @@ class Stream:
     def release(self) -> None:
         """`SlotAudio.release` of this stream's slot."""
         self.audio.held[self.slot] = -1
+
+
+def _rounds(slots: np.ndarray) -> list[np.ndarray | slice]:
+    """The pieces of a message (slots: (n,) int64, a stream's slot per piece) as rounds in which
+    no stream repeats: every stream's first piece, then every second one, and so on; the indices of
+    each round in message order. One round (everything) when no stream repeats, the usual case."""
+    order = np.argsort(slots, kind="stable")
+    ordered = slots[order]
+    first = np.ones(ordered.size, bool)
+    first[1:] = ordered[1:] != ordered[:-1]
+    if first.all():
+        return [slice(None)]
+    at = np.arange(ordered.size)
+    rank = np.empty(ordered.size, np.int64)
+    rank[order] = at - np.maximum.accumulate(np.where(first, at, 0))  # earlier pieces of the same stream
+    return [np.flatnonzero(rank == r) for r in range(int(rank.max()) + 1)]
