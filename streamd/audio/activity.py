@@ -12,6 +12,7 @@ catches up.
 from __future__ import annotations
 
 import math
+from collections import deque
 
 import numpy as np
 
@@ -29,8 +30,9 @@ class Activity:
     A push comes with every audio message of a stream, so it only keeps the samples: they are
     analysed when a frame is asked about (a session asks once an engine step), or once `ANALYSE_S`
     seconds are waiting, all frames at once: one FFT, band power and level, then a short loop of
-    plain floats for the floor. The decisions do not depend on the pieces the audio came in. The
-    active frames are a bytearray (one byte a frame, 1: active)."""
+    plain floats for the floor (a running minimum). Forgetting waits for the next analysis. The
+    decisions do not depend on the pieces the audio came in. The active frames are a bytearray
+    (one byte a frame, 1: active)."""
 
     def __init__(self, rate: int, min_dbfs: float, rise_db: float) -> None:
         self.rate, self.min_dbfs, self.rise_db = rate, min_dbfs, rise_db
@@ -45,9 +47,12 @@ class Activity:
         self._band = slice(int(band[0]), int(band[-1]) + 1)
         # a Hann-windowed full-scale square wave's power in the band sums to about this much
         self._scale = 2 / (np.sum(self._window_fn ** 2) * self.frame)
-        self._levels: list[float] = []  # levels of the last `_window` frames, oldest first
+        # the floor's candidates: (level, frame) of the frames no later, quieter frame outdoes,
+        # oldest (and quietest) first; only the last `_window` frames count
+        self._quietest: deque[tuple[float, int]] = deque()
         self._active = bytearray()  # frames `_first`.. of the stream
         self._first = 0
+        self._forget = 0  # frames before this one will not be asked about (`forget`)
 
     @property
     def frames(self) -> int:
@@ -62,9 +67,15 @@ class Activity:
             self._analyse()
 
     def _analyse(self) -> None:
-        """Decide the whole frames of the samples waiting."""
-        if not self._waiting:
-            return
+        """Decide the whole frames of the samples waiting; drop the forgotten ones."""
+        if self._waiting:
+            self._decide()
+        drop = min(self._forget, self._first + len(self._active)) - self._first
+        if drop > 0:
+            del self._active[:drop]
+            self._first += drop
+
+    def _decide(self) -> None:
         x = np.concatenate([self._rest, *self._waiting])
         self._waiting.clear()
         self._waiting_size = 0
@@ -78,13 +89,17 @@ class Activity:
         power = power.sum(axis=1) * self._scale
         level = np.maximum(10 * np.log10(np.maximum(power, 1e-30)), _SILENT_DBFS).tolist()
         # the floor of each new frame: the quietest of the `_window` frames before it (none: itself)
-        levels, active = self._levels, self._active
+        quietest, active = self._quietest, self._active
+        i = self._first + len(active)
         for value in level:
-            floor = min(levels) if levels else value
+            while quietest and quietest[0][1] < i - self._window:
+                quietest.popleft()
+            floor = quietest[0][0] if quietest else value
             active.append(value >= self.min_dbfs and value >= floor + self.rise_db)
-            levels.append(value)
-            if len(levels) > self._window:
-                del levels[0]
+            while quietest and quietest[-1][0] >= value:
+                quietest.pop()
+            quietest.append((value, i))
+            i += 1
 
     def active(self, start_s: float, end_s: float) -> bool:
         """Whether any frame overlapping [start_s, end_s) seconds of the stream is active."""
@@ -94,9 +109,6 @@ class Activity:
         return self._active.find(1, a, b) >= 0
 
     def forget(self, before_s: float) -> None:
-        """Frames that end before `before_s` will not be asked about again."""
-        self._analyse()
-        drop = min(int(before_s / FRAME_S), self.frames) - self._first
-        if drop > 0:
-            del self._active[:drop]
-            self._first += drop
+        """Frames that end before `before_s` will not be asked about again (dropped at the next
+        analysis: a step whose tokens need no decision analyses nothing)."""
+        self._forget = max(self._forget, int(before_s / FRAME_S))

@@ -124,3 +124,18 @@ def test_audio_waits_for_analysis_at_most_analyse_s() -> None:
         a.push(np.zeros(640, np.float32))
         assert a._waiting_size < 16000 * ANALYSE_S
     assert a.frames == 200 and a._waiting_size == 0
+
+
+def test_forgetting_analyses_nothing() -> None:
+    """A step whose tokens need no decision only forgets: its audio waits for the next question
+    (or `ANALYSE_S`), and the forgotten frames are gone once it is analysed."""
+    x = speech_like(np.random.default_rng(3), 16000, 2).astype(np.float32)
+    expected = reference(x, 16000, -70.0, 9.0)
+    a = Activity(16000, -70.0, 9.0)
+    a.push(x[:2560])
+    a.forget(0.1)
+    assert a._waiting_size == 2560 and not a._active  # nothing analysed yet
+    a.push(x[2560:])
+    assert a.frames == len(expected) and a._first == 5
+    assert frames_of(a, 5) == expected[5:]
+    assert a.active(0.0, 0.2) == any(expected[5:10])  # the window reaching back sees only what is kept
