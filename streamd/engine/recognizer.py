@@ -127,6 +127,7 @@ class Recognizer:
         self.audio = SlotAudio(self._rings.numpy(), self.geometry)
         self._rings_pinned = self._rings.is_pinned()  # asked once: each part would ask (a torch call)
         self._held: list[np.ndarray] = []  # slots whose ring positions the last launch's copies hold
+        self._ring_bytes = 0  # bytes of the rings the launch being queued copies (`Launched.ring_bytes`)
         self._copied: list[torch.cuda.Event] = []  # recorded after those copies (none off CUDA)
         # (thread, device) that `state_tensors` last moved off the legacy default stream
         self._off_legacy: tuple[int, torch.device] | None = None
@@ -321,13 +322,14 @@ class Recognizer:
         device = cache.channel.device
         started = _event(device)  # before the step's first device work
         self._reset_fresh(cache, dec)
+        self._ring_bytes = 0
         order = None
         from_rings = self._copies_rings(device)
         if from_rings:  # parts of neighbouring slots: each copies a short slot range
             order = np.argsort(np.fromiter((s.slot for s in streams), np.int64, len(streams)), kind="stable").tolist()
             streams = [streams[i] for i in order]
         parts = [self._launch_part(streams[a:b], cache, dec, from_rings) for a, b in self._parts(len(streams))]
-        return Launched(self, parts, device, started, order)
+        return Launched(self, parts, device, started, order, self._ring_bytes)
 
     def _launch_part(self, streams: list[Stream], cache: EncoderCache, dec: DecoderState, from_rings: bool) -> _Part:
         """Queue one part's features, windows, encoder step and decoder; the rows are independent
@@ -405,6 +407,7 @@ class Recognizer:
             _gather_segments(self._rings, slots, at_host, source, order.numpy())
         else:
             source = self._rings[lo:hi]
+        self._ring_bytes += source.numel() * source.element_size()
         if device.type == "cuda":  # on a copy stream of its own: it overlaps the step before
             main, side = torch.cuda.current_stream(device), self._copy_stream(device)
             with torch.cuda.stream(side):
@@ -549,12 +552,16 @@ class _Part:
 
 class Launched:
     """A step queued on the model's device, in one or more parts; `collect` waits for them, once.
-    On CUDA, `started` and `ended` are timing events before its first and after its last work."""
+    On CUDA, `started` and `ended` are timing events before its first and after its last work.
+    `ring_bytes`: how much of the streams' rings its parts copy to the device (`ring_copy`: the
+    slot range of a dense part, the rows' own segments of a sparse one); 0 without ring copies."""
 
     def __init__(self, rec: Recognizer, parts: list[_Part], device: torch.device,
-                 started: torch.cuda.Event | None = None, order: list[int] | None = None) -> None:
+                 started: torch.cuda.Event | None = None, order: list[int] | None = None,
+                 ring_bytes: int = 0) -> None:
         self._rec, self._parts, self.device = rec, parts, device
         self.started = started
+        self.ring_bytes = ring_bytes
         self._order = order  # the parts hold streams[order[0]], streams[order[1]], ... (None: as given)
         self.ended = parts[-1].done if parts else None
 

@@ -19,7 +19,9 @@ class StepTimes:
     the GPU or the engine thread is what limits the steps; and how much of the wall time the
     engine thread actually ran on a CPU (`time.thread_time`, so `add` must be called on that
     thread): less than its launch and results took means it waited for the GIL or for a core
-    meanwhile (the host's load average says whether its cores were all taken)."""
+    meanwhile (the host's load average says whether its cores were all taken). The GPU line also
+    says how much of the streams' audio rings the steps copied to the device (`Launched.ring_bytes`):
+    a dense part copies its whole slot range, every live stream's ring however few are stepped."""
 
     every_s: float = 10.0
     steps: int = 0
@@ -29,12 +31,13 @@ class StepTimes:
     results_s: float = 0.0
     gpu_s: float = 0.0  # the device's own time on the steps that measured it
     gpu_steps: int = 0
+    ring_bytes: int = 0  # of the steps that measured the device
     since: float = field(default_factory=time.perf_counter)
     cpu_since: float | None = None  # the engine thread's CPU time at the window's start (set by `add`)
     memory: Callable[[], str | None] | None = None  # the device's memory in words, for the GPU line
 
     def add(self, batch: int, launch_s: float, device_s: float, results_s: float,
-            gpu_s: float | None = None) -> None:
+            gpu_s: float | None = None, ring_bytes: int = 0) -> None:
         if self.cpu_since is None:
             self.cpu_since = time.thread_time()
         self.steps += 1
@@ -45,6 +48,7 @@ class StepTimes:
         if gpu_s is not None:
             self.gpu_s += gpu_s
             self.gpu_steps += 1
+            self.ring_bytes += ring_bytes
         now = time.perf_counter()
         if now - self.since >= self.every_s:
             wall, n = now - self.since, self.steps
@@ -61,10 +65,12 @@ class StepTimes:
             self.cpu_since = cpu
             if self.gpu_steps:
                 memory = self.memory() if self.memory is not None else None
-                log.info("engine: the GPU worked %.1f ms a step (%.1f us a stream), %.0f %% of the time%s",
+                copied = f"; {self.ring_bytes / self.gpu_steps / 1e6:.1f} MB of audio rings copied to it a step" \
+                    if self.ring_bytes else ""
+                log.info("engine: the GPU worked %.1f ms a step (%.1f us a stream), %.0f %% of the time%s%s",
                          1e3 * self.gpu_s / self.gpu_steps, 1e6 * self.gpu_s / self.streams, 100 * self.gpu_s / wall,
-                         f"; {memory}" if memory else "")
-            self.steps = self.streams = self.gpu_steps = 0
+                         copied, f"; {memory}" if memory else "")
+            self.steps = self.streams = self.gpu_steps = self.ring_bytes = 0
             self.launch_s = self.device_s = self.results_s = self.gpu_s = 0.0
             self.since = now
 

@@ -223,15 +223,16 @@ def test_step_times_report_where_the_engine_thread_went(caplog: pytest.LogCaptur
 
 def test_step_times_report_the_gpus_own_time_when_steps_measured_it(caplog: pytest.LogCaptureFixture) -> None:
     times = StepTimes(every_s=3600.0, memory=lambda: "memory 1.0 GiB allocated, 2.0 reserved of 80")
-    times.add(100, 0.010, 0.020, 0.005, gpu_s=0.030)
+    times.add(100, 0.010, 0.020, 0.005, gpu_s=0.030, ring_bytes=3_000_000)
     times.add(100, 0.010, 0.020, 0.005, gpu_s=None)  # e.g. the first step after a migration
     times.every_s = 0.0
     with caplog.at_level(logging.INFO, logger="streamd.engine"):
-        times.add(200, 0.010, 0.020, 0.005, gpu_s=0.050)
+        times.add(200, 0.010, 0.020, 0.005, gpu_s=0.050, ring_bytes=1_000_000)
     gpu = caplog.records[-1].getMessage()
     assert "the GPU worked 40.0 ms a step" in gpu and "(200.0 us a stream)" in gpu  # 80 ms over 400 streams
+    assert "; 2.0 MB of audio rings copied to it a step;" in gpu  # 4 MB over the 2 steps that measured the GPU
     assert gpu.endswith("; memory 1.0 GiB allocated, 2.0 reserved of 80")
-    assert times.gpu_s == 0.0 and times.gpu_steps == 0
+    assert times.gpu_s == 0.0 and times.gpu_steps == 0 and times.ring_bytes == 0
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
@@ -343,6 +344,8 @@ def held_steps(rec: Recognizer) -> threading.Event:
     real_launch = rec.launch
 
     class SlowStep:
+        ring_bytes = 0
+
         def __init__(self, launched: object) -> None:
             self.launched = launched
 

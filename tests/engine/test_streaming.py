@@ -557,3 +557,31 @@ def test_a_gpu_steps_features_make_a_cufft_plan_per_bucket_not_per_batch_size() 
         frames = rec._frames(rows[:b], real[:b], real[:b].to(cuda), cuda)
         assert torch.equal(frames, full[bucket_size(b, recognizer.FEATURE_ROWS_PER_OCTAVE)][:b]), b
     assert plans.size <= len(buckets)
+
+
+def test_a_launch_says_how_much_of_the_rings_it_copies() -> None:
+    """`Launched.ring_bytes` (the engine's GPU line reports it): a dense part copies its whole
+    slot range, every ring in it; a sparse one (slots spread over more than `RING_SPAN` rings a
+    stream) only its rows' segments."""
+    m = fixture_model("rnnt").model
+    rec = Recognizer(m, capacity=40, ring_copy=True, part_rows=None)
+    streams = [rec.open() for _ in range(40)]
+    by_slot = {s.slot: s for s in streams}
+    g, ring = rec.geometry, rec._rings.shape[1]
+    x = np.random.default_rng(2).standard_normal(g.samples_for(g.new_frames(True))).astype(np.float32)
+    for slots, dense in (([0, 1], True), ([2, 39], False)):
+        batch = [by_slot[slot] for slot in slots]
+        for s in batch:
+            s.push_audio(x)
+            assert s.ready
+        news = max(s.next_frames() for s in batch)
+        launched = rec.launch(batch)
+        launched.collect()
+        span = max(slots) - min(slots) + 1
+        assert (span <= recognizer.RING_SPAN * len(slots)) == dense
+        want = span * ring if dense else len(slots) * g.segment_samples(news)
+        assert launched.ring_bytes == 4 * want
+    host = Recognizer(m, capacity=2, ring_copy=False)  # the host batch: no ring is copied
+    stream = host.open()
+    stream.push_audio(x)
+    assert host.launch([stream]).ring_bytes == 0
