@@ -206,3 +206,26 @@ def test_a_port_taken_while_the_model_loaded_is_one_clear_error_too(workers: int
                                   "with --port")
 
     asyncio.run(main())
+
+
+def test_a_port_the_front_ends_served_is_free_again_once_they_stopped() -> None:
+    """Connections the front ends closed wait out TIME_WAIT on the port after the daemon stops;
+    the next start's check must not call it in use (a restart refused for a minute), while a
+    live front end's listener still is."""
+    from streamd.server.link import listening_socket
+    from streamd.server.ports import check_free
+
+    with socket.socket() as probe:  # a free port
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    front = listening_socket("127.0.0.1", port)
+    client = socket.create_connection(("127.0.0.1", port))
+    front.setblocking(True)
+    served, _ = front.accept()
+    with pytest.raises(ConfigError, match="already in use"):
+        check_free("127.0.0.1", port, "--port")  # a front end listens
+    served.close()  # the daemon closes first: its side of the connection waits in TIME_WAIT
+    client.recv(1)
+    client.close()
+    front.close()
+    check_free("127.0.0.1", port, "--port")

@@ -209,8 +209,13 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 
 def _reuse_port_socket(host: str, port: int) -> socket.socket:
+    """SO_REUSEPORT (every front end listens on the port) and SO_REUSEADDR, as a single listener
+    has: the connections it accepts inherit it, so that those the daemon closed, waiting out
+    TIME_WAIT after it stopped, do not make the next start's check (`ports.check_free`) find
+    the port in use for a minute."""
     family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(addr)
     return sock
