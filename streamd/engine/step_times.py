@@ -21,7 +21,7 @@ class StepTimes:
     thread): less than its launch and results took means it waited for the GIL or for a core
     meanwhile (the host's load average says whether its cores were all taken). The GPU line also
     says how much of the streams' audio rings the steps copied to the device (`Launched.ring_bytes`):
-    a dense part copies its whole slot range, every live stream's ring however few are stepped."""
+    a dense part copies every ring in its slot range, however few of those streams it steps."""
 
     every_s: float = 10.0
     steps: int = 0
