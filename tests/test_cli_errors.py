@@ -229,3 +229,37 @@ def test_a_port_the_front_ends_served_is_free_again_once_they_stopped() -> None:
     client.close()
     front.close()
     check_free("127.0.0.1", port, "--port")
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
+def test_the_urls_the_serving_line_prints_work(host: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A user copies the stream URL and the page's address from the log: with an IPv6 host too
+    (in brackets: ws://[::1]:PORT, not ws://::1:PORT)."""
+    import asyncio
+    import logging
+    import re
+    import urllib.request
+
+    from daemon import config, running
+    from websockets.asyncio.client import connect
+
+    if host == "::1":
+        try:
+            socket.socket(socket.AF_INET6).bind(("::1", 0))
+        except OSError:
+            pytest.skip("no IPv6 loopback on this machine")
+    caplog.set_level(logging.INFO, logger="streamd")
+
+    async def main() -> tuple[str, bytes, str]:
+        async with running(config(host=host)):
+            line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("serving "))
+            stream, page = re.search(r" on (\S+) \(.*browser page (\S+)$", line).groups()  # type: ignore[union-attr]
+            async with connect(stream) as ws:
+                await ws.send(json.dumps({"type": "start", "sample_rate": 16000, "encoding": "s16le"}))
+                ready = json.loads(await ws.recv())["type"]
+            body = await asyncio.to_thread(lambda: urllib.request.urlopen(page, timeout=10).read())
+            return stream, body, ready
+
+    stream, body, ready = asyncio.run(main())
+    assert stream.startswith("ws://[::1]:" if host == "::1" else "ws://127.0.0.1:") and stream.endswith("/v1/stream")
+    assert ready == "ready" and b"<html" in body.lower()

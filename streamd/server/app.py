@@ -160,10 +160,10 @@ class App:
                 # Before the log line and READY=1 that a reload may follow at once (a test, `systemctl
                 # reload`): until this call SIGHUP is ignored (cli.py), and one sent then was lost.
                 _on_signals(loop, (signal.SIGHUP,), self.reload)
-                tls = "s" if cfg.tls_cert else ""
+                tls, host = "s" if cfg.tls_cert else "", _url_host(cfg.host)
                 log.info("serving %s on ws%s://%s:%d%s (%s, %s%s); browser page http%s://%s:%d/", self.state.model_name,
-                         tls, cfg.host, port, STREAM_PATH, self.state.device, self.state.dtype,
-                         f", {cfg.workers} front-end processes" if cfg.workers else "", tls, cfg.host, port)
+                         tls, host, port, STREAM_PATH, self.state.device, self.state.dtype,
+                         f", {cfg.workers} front-end processes" if cfg.workers else "", tls, host, port)
                 notifier.ready(f"serving on port {port}")
                 if started is not None:
                     started.set_result(port)
@@ -285,6 +285,11 @@ async def _watchdog(notifier: systemd.Notifier, engine: Engine, stall_s: float =
             log.error("engine stalled (/livez and /readyz answer 503%s): %s",
                       "; no longer feeding systemd's watchdog" if interval is not None else "", stall)
         await asyncio.sleep(min(interval, STALL_CHECK_S) if interval is not None else STALL_CHECK_S)
+
+
+def _url_host(host: str) -> str:
+    """`host` as a URL names it: an IPv6 address in brackets (ws://[::1]:8765, not ws://::1:8765)."""
+    return f"[{host}]" if ":" in host else host
 
 
 def _bound_port(server: Server) -> int:
