@@ -245,7 +245,8 @@ def test_the_urls_the_serving_line_prints_work(host: str, caplog: pytest.LogCapt
 
     if host == "::1":
         try:
-            socket.socket(socket.AF_INET6).bind(("::1", 0))
+            with socket.socket(socket.AF_INET6) as probe:
+                probe.bind(("::1", 0))
         except OSError:
             pytest.skip("no IPv6 loopback on this machine")
     caplog.set_level(logging.INFO, logger="streamd")
