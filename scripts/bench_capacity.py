@@ -466,7 +466,8 @@ def next_level(n: int, passed: bool, best: int, worst: int | None, top: int, lev
 @dataclass
 class LevelSearch:
     """The levels of one item's search: the asked ones (`fixed`) in order however each went, else
-    from the first up to `top` and bisecting (`next_level`); `best` passed, `worst` failed."""
+    from the first up to `top` and bisecting (`next_level`); `best` passed (every time it ran: ask
+    a level twice, `--daemon-at 160=4096/4096`, to call it passed only if it repeats), `worst` failed."""
 
     fixed: list[int]
     first: int
@@ -487,10 +488,12 @@ class LevelSearch:
     def record(self, n: int, row: dict[str, Any]) -> int | None:
         """Keep level `n`'s row; the next level to run, or None when the search is done."""
         self.levels.append(row)
-        if row["passed"]:
-            self.best = max(self.best, n)
-        else:
+        if not row["passed"]:
             self.worst = n if self.worst is None else min(self.worst, n)
+        runs: dict[int, bool] = {}
+        for level in self.levels:
+            runs[level["streams"]] = runs.get(level["streams"], True) and level["passed"]
+        self.best = max((m for m, passed in runs.items() if passed), default=0)
         if self.fixed:
             return self.fixed[len(self.levels)] if len(self.levels) < len(self.fixed) else None
         return next_level(n, row["passed"], self.best, self.worst, self.top, self.levels)
@@ -662,7 +665,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(default: 1.0)")
     p.add_argument("--daemon-levels", type=int, default=3, help="most daemon (and live) levels per item (default: 3)")
     p.add_argument("--daemon-at", default="", help="run exactly these daemon levels instead of a search, "
-                   "per chunk ms or chunk:dtype, e.g. '160=2400/3200,1120:fp32=4096' (as time allows)")
+                   "per chunk ms or chunk:dtype, e.g. '160=2400/3200,1120:fp32=4096' (as time allows; a level "
+                   "asked twice, '160=3200/3200', counts as passed only if both runs pass)")
     p.add_argument("--daemon-guess", type=int, default=1024,
                    help="engine capacity assumed when the plan has no engine result for a live or daemon item")
     p.add_argument("--live-cap-s", type=float, default=60, help="most time for one live item (default: 60)")

@@ -86,6 +86,10 @@ def test_level_search_runs_the_asked_levels_or_bisects() -> None:
     assert [asked.record(n, {"streams": n, "passed": ok}) for n, ok in ((64, False), (32, True), (128, True))] \
         == [32, 128, None]
     assert (asked.best, asked.worst) == (128, 64)  # as measured, even where they disagree
+    twice = bench_capacity.LevelSearch.around([64, 64, 128, 128], guess=100, share=0.5)
+    for n, ok in ((64, True), (64, True), (128, True), (128, False)):  # 128 passed once, then not
+        twice.record(n, {"streams": n, "passed": ok})
+    assert (twice.best, twice.worst) == (64, 128)  # a level counts as passed only if it passed every time
     search, ran = bench_capacity.LevelSearch.around([], guess=1024, share=0.25), []
     n: int | None = search.first
     while n is not None:  # the engine keeps up with up to 600 streams
