@@ -90,6 +90,11 @@ def test_level_search_runs_the_asked_levels_or_bisects() -> None:
     for n, ok in ((64, True), (64, True), (128, True), (128, False)):  # 128 passed once, then not
         twice.record(n, {"streams": n, "passed": ok})
     assert (twice.best, twice.worst) == (64, 128)  # a level counts as passed only if it passed every time
+    runs = [{"streams": 64, "partial_latency_s": {"p95": p95}, "load_generator": {"processes": 2, "cores_used": 0.5}}
+            for p95 in (0.12, 0.31, 0.2)]
+    table = bench_capacity.summary_table([{"part": "daemon", "chunk_ms": 160, "dtype": "bf16", "graphs": "on",
+                                           "capacity": 64, "first_failing": 128, "levels": runs}])
+    assert "64 (0.31, 2/0.5)" in table.splitlines()[1]  # the slowest of the runs at the capacity's level
     search, ran = bench_capacity.LevelSearch.around([], guess=1024, share=0.25), []
     n: int | None = search.first
     while n is not None:  # the engine keeps up with up to 600 streams
