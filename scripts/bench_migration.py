@@ -180,10 +180,10 @@ def client_process(url: str, indices: list[int], feed: Feed, start_at: float, ra
 
 
 def p95_max(values: list[float]) -> dict[str, float | None]:
-    """p95 and max of `values` in seconds, rounded to ms (None: no value)."""
-    ordered = sorted(values)
-    return {"p95_s": round(ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))], 3) if ordered else None,
-            "max_s": round(ordered[-1], 3) if ordered else None}
+    """p95 and max of `values` in seconds (`load.percentiles`), rounded to ms (None: no value)."""
+    q = load.percentiles(values)
+    return {"p95_s": None if q["p95"] is None else round(q["p95"], 3),
+            "max_s": None if q["max"] is None else round(q["max"], 3)}
 
 
 def admin(sock: Path, method: str, path: str, body: dict[str, Any] | None = None, timeout: float = 120) -> dict[str, Any]:
@@ -315,9 +315,9 @@ def run_daemon(args: argparse.Namespace, model: Path, moves: list[str], tag: str
         dumps.stop()
         if stop_file is not None:
             Path(stop_file).touch()
-        done = [job.result() for job in jobs]
-        logs = [log for stream_logs, _ in done for log in stream_logs]
-        processes = [account for _, account in done]
+        finished = [job.result() for job in jobs]
+        logs = [log for stream_logs, _ in finished for log in stream_logs]
+        processes = [account for _, account in finished]
         for spy in spies:
             if spy is not None:
                 spy.wait()
