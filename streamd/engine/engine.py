@@ -496,7 +496,8 @@ class Engine:
             self._flush(batch, landed, results)
             self.inbox.update_interest()
             self.step_times.add(len(step.batch), step.launch_s, t2 - t1, time.perf_counter() - t2,
-                                step.launched.device_s(self._last_landed), step.launched.ring_bytes)
+                                step.launched.device_s(self._last_landed), step.launched.ring_bytes,
+                                step.launched.ring_wait_s)
             self._last_landed = step.launched
         if not self._flight and self._held:
             self.inbox.put_back(self._held)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -318,7 +319,7 @@ class Recognizer:
         next launch, queued behind this one) and launch further steps (their work queues behind
         this one's on the device; collect them in launch order)."""
         cache, dec = self.state_tensors()
-        self._release_rings()
+        ring_wait_s = self._release_rings()
         device = cache.channel.device
         started = _event(device)  # before the step's first device work
         self._reset_fresh(cache, dec)
@@ -329,7 +330,7 @@ class Recognizer:
             order = np.argsort(np.fromiter((s.slot for s in streams), np.int64, len(streams)), kind="stable").tolist()
             streams = [streams[i] for i in order]
         parts = [self._launch_part(streams[a:b], cache, dec, from_rings) for a, b in self._parts(len(streams))]
-        return Launched(self, parts, device, started, order, self._ring_bytes)
+        return Launched(self, parts, device, started, order, self._ring_bytes, ring_wait_s)
 
     def _launch_part(self, streams: list[Stream], cache: EncoderCache, dec: DecoderState, from_rings: bool) -> _Part:
         """Queue one part's features, windows, encoder step and decoder; the rows are independent
@@ -434,15 +435,21 @@ class Recognizer:
         (`cuda_capture.private_stream`: never a stream another thread captures on)."""
         return private_stream(device, "copy")
 
-    def _release_rings(self) -> None:
+    def _release_rings(self) -> float:
         """Once the last launch's copies from the rings have happened (a wait only if they are
-        still queued behind the step before it), its streams' ring positions are free again."""
-        for copied in self._copied:
-            copied.synchronize()
+        still queued, or running), its streams' ring positions are free again. Returns the
+        seconds waited for them (`Launched.ring_wait_s`)."""
+        waited = 0.0
+        if self._copied:
+            t0 = time.perf_counter()
+            for copied in self._copied:
+                copied.synchronize()
+            waited = time.perf_counter() - t0
         self._copied.clear()
         for slots in self._held:
             self.audio.release(slots)
         self._held.clear()
+        return waited
 
     def _frames(self, samples: Tensor, real_host: Tensor, real: Tensor, device: torch.device) -> Tensor:
         """The step's new mel frames, on `device`: pre-emphasis (as the offline front end
@@ -554,14 +561,16 @@ class Launched:
     """A step queued on the model's device, in one or more parts; `collect` waits for them, once.
     On CUDA, `started` and `ended` are timing events before its first and after its last work.
     `ring_bytes`: how much of the streams' rings its parts copy to the device (`ring_copy`: the
-    slot range of a dense part, the rows' own segments of a sparse one); 0 without ring copies."""
+    slot range of a dense part, the rows' own segments of a sparse one); 0 without ring copies.
+    `ring_wait_s`: how long its launch waited for the step before's copies from the rings
+    (`Recognizer._release_rings`): a copy that has not happened by the next launch stalls it."""
 
     def __init__(self, rec: Recognizer, parts: list[_Part], device: torch.device,
                  started: torch.cuda.Event | None = None, order: list[int] | None = None,
-                 ring_bytes: int = 0) -> None:
+                 ring_bytes: int = 0, ring_wait_s: float = 0.0) -> None:
         self._rec, self._parts, self.device = rec, parts, device
         self.started = started
-        self.ring_bytes = ring_bytes
+        self.ring_bytes, self.ring_wait_s = ring_bytes, ring_wait_s
         self._order = order  # the parts hold streams[order[0]], streams[order[1]], ... (None: as given)
         self.ended = parts[-1].done if parts else None
 

@@ -21,12 +21,14 @@ class StepTimes:
     thread): less than its launch and results took means it waited for the GIL or for a core
     meanwhile (the host's load average says whether its cores were all taken). The GPU line also
     says how much of the streams' audio rings the steps copied to the device (`Launched.ring_bytes`):
-    a dense part copies every ring in its slot range, however few of those streams it steps."""
+    a dense part copies every ring in its slot range, however few of those streams it steps; the
+    step line, how much of a launch waited for the step before's copies (`Launched.ring_wait_s`)."""
 
     every_s: float = 10.0
     steps: int = 0
     streams: int = 0
     launch_s: float = 0.0
+    ring_wait_s: float = 0.0  # of launch_s: waiting for the step before's copies from the rings
     device_s: float = 0.0
     results_s: float = 0.0
     gpu_s: float = 0.0  # the device's own time on the steps that measured it
@@ -37,12 +39,13 @@ class StepTimes:
     memory: Callable[[], str | None] | None = None  # the device's memory in words, for the GPU line
 
     def add(self, batch: int, launch_s: float, device_s: float, results_s: float,
-            gpu_s: float | None = None, ring_bytes: int = 0) -> None:
+            gpu_s: float | None = None, ring_bytes: int = 0, ring_wait_s: float = 0.0) -> None:
         if self.cpu_since is None:
             self.cpu_since = time.thread_time()
         self.steps += 1
         self.streams += batch
         self.launch_s += launch_s
+        self.ring_wait_s += ring_wait_s
         self.device_s += device_s
         self.results_s += results_s
         if gpu_s is not None:
@@ -53,9 +56,11 @@ class StepTimes:
         if now - self.since >= self.every_s:
             wall, n = now - self.since, self.steps
             busy = self.launch_s + self.device_s + self.results_s
-            log.info("engine: %d steps in %.1f s, mean batch %.0f; per step: launch %.1f ms, on the device "
+            waited = f" ({1e3 * self.ring_wait_s / n:.1f} of it waiting for the step before's ring copies)" \
+                if self.ring_wait_s else ""
+            log.info("engine: %d steps in %.1f s, mean batch %.0f; per step: launch %.1f ms%s, on the device "
                      "(serving the front ends) %.1f ms, results %.1f ms; %.0f %% of the time between steps",
-                     n, wall, self.streams / n, 1e3 * self.launch_s / n, 1e3 * self.device_s / n,
+                     n, wall, self.streams / n, 1e3 * self.launch_s / n, waited, 1e3 * self.device_s / n,
                      1e3 * self.results_s / n, 100 * max(0.0, 1 - busy / wall))
             cpu = time.thread_time()
             log.info("engine: the engine thread ran on a CPU %.0f %% of the time (launching and delivering "
@@ -71,7 +76,7 @@ class StepTimes:
                          1e3 * self.gpu_s / self.gpu_steps, 1e6 * self.gpu_s / self.streams, 100 * self.gpu_s / wall,
                          copied, f"; {memory}" if memory else "")
             self.steps = self.streams = self.gpu_steps = self.ring_bytes = 0
-            self.launch_s = self.device_s = self.results_s = self.gpu_s = 0.0
+            self.launch_s = self.ring_wait_s = self.device_s = self.results_s = self.gpu_s = 0.0
             self.since = now
 
 

@@ -213,7 +213,7 @@ def test_step_times_report_where_the_engine_thread_went(caplog: pytest.LogCaptur
     with caplog.at_level(logging.INFO, logger="streamd.engine"):
         times.add(300, 0.030, 0.040, 0.015)
     line = next(r.getMessage() for r in caplog.records if "steps in" in r.getMessage())
-    assert "2 steps" in line and "mean batch 200" in line and "launch 20.0 ms" in line
+    assert "2 steps" in line and "mean batch 200" in line and "launch 20.0 ms," in line  # no wait for ring copies
     assert "(serving the front ends) 30.0 ms" in line and "results 10.0 ms" in line
     cpu = next(r.getMessage() for r in caplog.records if "ran on a CPU" in r.getMessage())
     assert "launching and delivering took" in cpu and "load average" in cpu  # GIL or core waits show here
@@ -223,16 +223,18 @@ def test_step_times_report_where_the_engine_thread_went(caplog: pytest.LogCaptur
 
 def test_step_times_report_the_gpus_own_time_when_steps_measured_it(caplog: pytest.LogCaptureFixture) -> None:
     times = StepTimes(every_s=3600.0, memory=lambda: "memory 1.0 GiB allocated, 2.0 reserved of 80")
-    times.add(100, 0.010, 0.020, 0.005, gpu_s=0.030, ring_bytes=3_000_000)
+    times.add(100, 0.010, 0.020, 0.005, gpu_s=0.030, ring_bytes=3_000_000, ring_wait_s=0.004)
     times.add(100, 0.010, 0.020, 0.005, gpu_s=None)  # e.g. the first step after a migration
     times.every_s = 0.0
     with caplog.at_level(logging.INFO, logger="streamd.engine"):
-        times.add(200, 0.010, 0.020, 0.005, gpu_s=0.050, ring_bytes=1_000_000)
+        times.add(200, 0.010, 0.020, 0.005, gpu_s=0.050, ring_bytes=1_000_000, ring_wait_s=0.005)
+    step = next(r.getMessage() for r in caplog.records if "steps in" in r.getMessage())
+    assert "launch 10.0 ms (3.0 of it waiting for the step before's ring copies)," in step  # 9 ms over 3 steps
     gpu = caplog.records[-1].getMessage()
     assert "the GPU worked 40.0 ms a step" in gpu and "(200.0 us a stream)" in gpu  # 80 ms over 400 streams
     assert "; 2.0 MB of audio rings copied to it a step;" in gpu  # 4 MB over the 2 steps that measured the GPU
     assert gpu.endswith("; memory 1.0 GiB allocated, 2.0 reserved of 80")
-    assert times.gpu_s == 0.0 and times.gpu_steps == 0 and times.ring_bytes == 0
+    assert times.gpu_s == 0.0 and times.gpu_steps == 0 and times.ring_bytes == 0 and times.ring_wait_s == 0.0
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
@@ -344,7 +346,7 @@ def held_steps(rec: Recognizer) -> threading.Event:
     real_launch = rec.launch
 
     class SlowStep:
-        ring_bytes = 0
+        ring_bytes, ring_wait_s = 0, 0.0
 
         def __init__(self, launched: object) -> None:
             self.launched = launched

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gc
+import time
 import weakref
 
 import numpy as np
@@ -585,3 +586,27 @@ def test_a_launch_says_how_much_of_the_rings_it_copies() -> None:
     stream = host.open()
     stream.push_audio(x)
     assert host.launch([stream]).ring_bytes == 0
+
+
+def test_a_launch_says_how_long_it_waited_for_the_step_befores_ring_copies() -> None:
+    """`Launched.ring_wait_s` (the engine's step line reports it): the time a launch spends
+    waiting until the last launch's copies from the rings have happened, before it frees their
+    positions; nothing to wait for, no wait."""
+    m = fixture_model("rnnt").model
+    rec = Recognizer(m, capacity=2, ring_copy=True)
+    g = rec.geometry
+    x = np.random.default_rng(2).standard_normal(g.samples_for(g.new_frames(True))).astype(np.float32)
+
+    class SlowCopy:  # a copy still running on the device: done 50 ms after it is waited on
+        def synchronize(self) -> None:
+            time.sleep(0.05)
+
+    for copies in ([], [SlowCopy()]):
+        stream = rec.open()
+        stream.push_audio(x)
+        rec._copied.extend(copies)
+        launched = rec.launch([stream])
+        assert launched.ring_wait_s >= 0.05 if copies else launched.ring_wait_s == 0.0
+        assert not rec._copied  # waited for, then forgotten
+        launched.collect()
+        rec.close(stream)
