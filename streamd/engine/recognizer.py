@@ -51,6 +51,12 @@ PART_ROWS = 1024  # streams per launched part of a GPU step (see `Recognizer`)
 # 1120 ms, in 3.0-3.5 ms), the range's copy runs at PCIe speed on a stream of its own, beside
 # the step before: only a much sparser range is worth the host's time.
 RING_SPAN = 16
+# A GPU step reads its rows' segments straight from the pinned rings, over the bus (the rings
+# seen as a device tensor: unified addressing maps pinned host memory), instead of copying a
+# slot range or a host-gathered batch (`Recognizer._read_mapped`): only the samples it uses
+# cross, and the host copies none. Off, or where the rings cannot be seen from the step's
+# device, the copies above.
+MAPPED_RINGS = True
 # On a GPU the step's log-mel runs on rows padded to this many buckets an octave: cuFFT makes a
 # plan for each batch size it meets (1.3 ms of the engine thread's time at a new size: H100,
 # rows of 250-350 streams), and a daemon's steps are of every size.
@@ -127,6 +133,7 @@ class Recognizer:
                                   pin_memory=model.device.type == "cuda")
         self.audio = SlotAudio(self._rings.numpy(), self.geometry)
         self._rings_pinned = self._rings.is_pinned()  # asked once: each part would ask (a torch call)
+        self._mapped: dict[torch.device, Tensor | None] = {}  # the rings seen from a device (`_mapped_rings`)
         self._held: list[np.ndarray] = []  # slots whose ring positions the last launch's copies hold
         self._ring_bytes = 0  # bytes of the rings the launch being queued copies (`Launched.ring_bytes`)
         self._copied: list[torch.cuda.Event] = []  # recorded after those copies (none off CUDA)
@@ -399,7 +406,11 @@ class Recognizer:
         (`_gather_segments`): a daemon's small steps spread over thousands of slots, whose whole
         range is up to 0.9 GB of rings for a step of ~130 streams (1120 ms chunks, 4912
         streams), against 23 MB of their own rings and 9 MB of their segments. The rings'
-        positions stay held until the copy has happened (`_release_rings`, at the next launch)."""
+        positions stay held until the copy has happened (`_release_rings`, at the next launch).
+        Where the device can read the pinned rings themselves (`MAPPED_RINGS`), it gathers the
+        rows' segments from them instead (`_read_mapped`): no copy of either kind."""
+        if device.type == "cuda" and (mapped := self._mapped_rings(device)) is not None:
+            return self._read_mapped(mapped, slots, at_host, size, device)
         lo, hi = int(slots.min()), int(slots.max()) + 1
         sparse = hi - lo > RING_SPAN * slots.size
         if sparse:
@@ -429,6 +440,48 @@ class Recognizer:
         m = rings.shape[1]
         index = (at[:, None] + torch.arange(size, device=device)) % m
         return rings[(rows - lo)[:, None], index]
+
+    def _mapped_rings(self, device: torch.device) -> Tensor | None:
+        """The pinned rings as a tensor on `device` that shares their memory (a kernel's reads
+        cross the bus), or None: `MAPPED_RINGS` off, rings not pinned, or mapped for another
+        device than `device` (pinned memory belongs to the device it was allocated for)."""
+        if not (MAPPED_RINGS and self._rings_pinned):
+            return None
+        if device not in self._mapped:
+            try:
+                seen: Tensor | None = torch.as_tensor(_DeviceView(self._rings), device=device)
+            except RuntimeError as e:  # a driver or build without unified addressing
+                log.info("the audio rings cannot be read from %s where they are (%s)", device, e)
+                seen = None
+            if seen is not None and not (seen.device == device and seen.data_ptr() == self._rings.data_ptr()):
+                log.info("the audio rings cannot be read from %s where they are: pinned for another device", device)
+                seen = None
+            self._mapped[device] = seen
+        return self._mapped[device]
+
+    def _read_mapped(self, mapped: Tensor, slots: np.ndarray, at_host: np.ndarray, size: int,
+                     device: torch.device) -> Tensor:
+        """`_ring_segments` from the rings as `device` sees them (`_mapped_rings`): the slots'
+        ring offsets and start positions are copied (one small pinned copy) and one gather on the
+        copy stream reads each row's `size` samples over the bus; the step waits for it."""
+        m = mapped.shape[1]
+        where = _host(device, (2, slots.size), torch.int64)
+        where_np = where.numpy()
+        where_np[0] = slots * m
+        where_np[1] = at_host % m
+        main, side = torch.cuda.current_stream(device), self._copy_stream(device)
+        with torch.cuda.stream(side):
+            first, start = where.to(device, non_blocking=True)  # pinned: queued, no wait
+            column = start[:, None] + torch.arange(size, device=device)  # (b, size), < 2m
+            column = torch.where(column >= m, column - m, column)
+            samples = torch.take(mapped, first[:, None] + column)
+            read = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            read.record(side)
+        main.wait_event(read)
+        samples.record_stream(main)
+        self._copied.append(read)
+        self._ring_bytes += samples.numel() * samples.element_size()
+        return samples
 
     def _copy_stream(self, device: torch.device) -> torch.cuda.Stream:
         """The CUDA stream the copies from the rings run on: the launching thread's private one
@@ -645,6 +698,16 @@ def _gather_segments(rings: Tensor, slots: np.ndarray, at: np.ndarray, out: Tens
     for row, slot, a in zip(range(k, slots.size), slots[~whole].tolist(), start[~whole].tolist()):
         dest[row, :m - a] = rows[slot, a:]
         dest[row, m - a:] = rows[slot, :size - (m - a)]
+
+
+class _DeviceView:
+    """A pinned host tensor as the CUDA array interface describes device memory: `torch.as_tensor`
+    of it on a GPU is a tensor over the same bytes (its kernels read them over the bus)."""
+
+    def __init__(self, host: Tensor) -> None:
+        assert host.dtype == torch.float32 and host.is_contiguous()
+        self.__cuda_array_interface__ = {"shape": tuple(host.shape), "typestr": "<f4", "strides": None,
+                                         "data": (host.data_ptr(), False), "version": 3}
 
 
 def _host(device: torch.device, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:

@@ -34,27 +34,33 @@ def test_fixture_models_streaming_equals_offline(right: int) -> None:
             assert s.tokens == reference(kind)["offline"][f"att70_{right}"][name]["hyp"]["tokens"].tolist()
 
 
-@pytest.mark.parametrize("span", [0, 10**6], ids=["gathered-rows", "slot-ranges"])
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
-def test_samples_copied_from_the_rings_stream_like_the_host_batch(device: str, span: int,
+@pytest.mark.parametrize(("device", "span", "mapped"), [
+    ("cpu", 0, False), ("cpu", 10**6, False),
+    pytest.param("cuda", 0, False, marks=pytest.mark.cuda), pytest.param("cuda", 10**6, False, marks=pytest.mark.cuda),
+    pytest.param("cuda", 0, True, marks=pytest.mark.cuda)],
+    ids=["cpu-gathered-rows", "cpu-slot-ranges", "cuda-gathered-rows", "cuda-slot-ranges", "cuda-mapped"])
+def test_samples_copied_from_the_rings_stream_like_the_host_batch(device: str, span: int, mapped: bool,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The device's copy of a step's samples straight from the streams' rings (`ring_copy`: a
     GPU's path by default, forced on the CPU) and the host batch of `Stream.take` (the reference)
     give the same tokens and times, streams joining and leaving, in parts of two streams (each
     part copies its own slot range, or with `RING_SPAN` 0 its own rows' rings gathered on the
-    host); on the CPU both equal the offline pass."""
+    host; on a GPU with `MAPPED_RINGS` the device reads the rows' segments from the pinned rings
+    themselves); on the CPU both equal the offline pass."""
     monkeypatch.setattr(recognizer, "RING_SPAN", span)
+    monkeypatch.setattr(recognizer, "MAPPED_RINGS", mapped)
     m = fixture_model("rnnt").model.to(device)
     inputs = list(reference("rnnt")["inputs"].values())
     audios = [inp["audio"].numpy() for inp in inputs] * 2
-    got = {}
+    got, recs = {}, {}
     for ring_copy in (True, False):
-        rec = Recognizer(m, capacity=len(audios), ring_copy=None if device == "cuda" and ring_copy else ring_copy,
-                         part_rows=2)
+        rec = recs[ring_copy] = Recognizer(m, capacity=len(audios), part_rows=2,
+                                           ring_copy=None if device == "cuda" and ring_copy else ring_copy)
         assert rec._copies_rings(torch.device(device)) == ring_copy  # on a GPU by default (pinned rings)
         got[ring_copy] = run_streams(m, greedy(m), audios, starts=[(3 * i) % 7 for i in range(len(audios))], seed=5,
                                      recognizer=rec)[0]
     assert got[True] == got[False]
+    assert any(seen is not None for seen in recs[True]._mapped.values()) == mapped  # read the way asked
     if device == "cpu":
         assert got[True] == [transcribe_offline(m, torch.from_numpy(a)) for a in audios]
 
@@ -74,6 +80,29 @@ def test_a_sparse_steps_segments_are_gathered_on_the_host_as_cut_from_the_rings(
         want = rings[torch.from_numpy(slots)[:, None], (torch.from_numpy(at)[:, None] + torch.arange(size)) % 50]
         assert sorted(order.tolist()) == list(range(6))
         assert torch.equal(out[torch.from_numpy(order)], want)
+
+
+@pytest.mark.cuda
+def test_a_gpu_reads_the_rows_segments_from_the_pinned_rings_themselves() -> None:
+    """`_read_mapped`: the rings as the GPU sees them (`_mapped_rings`) are the host's memory, not
+    a copy, and each row's segment read from them (from its position on, modulo the ring, around
+    its end too) equals indexing the rings on the host."""
+    rec = Recognizer(fixture_model("rnnt").model.cuda(), capacity=9)
+    device = torch.device("cuda", torch.cuda.current_device())
+    mapped = rec._mapped_rings(device)
+    assert mapped is not None and mapped.device == device and mapped.data_ptr() == rec._rings.data_ptr()
+    rng = np.random.default_rng(3)
+    rec._rings.copy_(torch.from_numpy(rng.standard_normal(tuple(rec._rings.shape)).astype(np.float32)))
+    m = rec._rings.shape[1]
+    for size in (1, 20, m):
+        slots = rng.permutation(9)[:6]
+        at = rng.integers(0, 4 * m, 6)
+        at[0] = 3 * m - size // 2  # wraps around (for size > 1)
+        got = rec._read_mapped(mapped, slots, at, size, device)
+        torch.cuda.synchronize()
+        want = rec._rings[torch.from_numpy(slots)[:, None], (torch.from_numpy(at)[:, None] + torch.arange(size)) % m]
+        assert torch.equal(got.cpu(), want)
+    rec._release_rings()
 
 
 def test_ring_positions_a_launched_step_copies_are_not_overwritten_before_the_next_launch() -> None:
