@@ -448,13 +448,13 @@ class Recognizer:
         if not (MAPPED_RINGS and self._rings_pinned):
             return None
         if device not in self._mapped:
-            try:
-                seen: Tensor | None = torch.as_tensor(_DeviceView(self._rings), device=device)
+            try:  # on the device the memory was pinned for (no copy is made)
+                seen: Tensor | None = torch.as_tensor(_DeviceView(self._rings))
             except RuntimeError as e:  # a driver or build without unified addressing
                 log.info("the audio rings cannot be read from %s where they are (%s)", device, e)
                 seen = None
             if seen is not None and not (seen.device == device and seen.data_ptr() == self._rings.data_ptr()):
-                log.info("the audio rings cannot be read from %s where they are: pinned for another device", device)
+                log.info("the audio rings cannot be read from %s where they are: pinned for %s", device, seen.device)
                 seen = None
             self._mapped[device] = seen
         return self._mapped[device]
