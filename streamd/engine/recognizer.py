@@ -448,13 +448,13 @@ class Recognizer:
         if not (MAPPED_RINGS and self._rings_pinned):
             return None
         if device not in self._mapped:
-            try:  # on the device the memory was pinned for (no copy is made)
-                seen: Tensor | None = torch.as_tensor(_DeviceView(self._rings))
+            try:  # the same memory if it was pinned for `device`, else a copy there (dropped)
+                seen: Tensor | None = torch.as_tensor(_DeviceView(self._rings), device=device)
             except RuntimeError as e:  # a driver or build without unified addressing
                 log.info("the audio rings cannot be read from %s where they are (%s)", device, e)
                 seen = None
-            if seen is not None and not (seen.device == device and seen.data_ptr() == self._rings.data_ptr()):
-                log.info("the audio rings cannot be read from %s where they are: pinned for %s", device, seen.device)
+            if seen is not None and seen.data_ptr() != self._rings.data_ptr():
+                log.info("the audio rings cannot be read from %s where they are: pinned for another device", device)
                 seen = None
             self._mapped[device] = seen
         return self._mapped[device]
