@@ -86,12 +86,13 @@ class Recognizer:
     projects only its new frames (the default); False keeps NeMo's normalised attention inputs
     instead (the reference layout, same results; see `EncoderCache`).
 
-    `ring_copy`: how a step's samples reach the model's device. True: the device copies the slot
-    range of the step's rows straight from the streams' sample rings (one copy a part, from
-    pinned memory, on a CUDA stream of its own that overlaps the step before; a step's streams
-    go into parts in slot order, so that each part's range is short; a part whose range is
-    sparse copies its own rows' rings, gathered on the host) and cuts each stream's
-    segment out there, so the host copies no samples; the rings are pinned when the model starts
+    `ring_copy`: how a step's samples reach the model's device. True: the device reads each
+    row's segment straight from the streams' pinned sample rings (`MAPPED_RINGS`: one gather a
+    part, on a CUDA stream of its own that overlaps the step before), or where it cannot see
+    them, copies the slot range of the step's rows (one copy a part; a step's streams go into
+    parts in slot order, so that each part's range is short; a part whose range is sparse
+    copies its own rows' segments, gathered on the host) and cuts each stream's segment out
+    there; either way the host copies no samples; the rings are pinned when the model starts
     on a GPU. False: each stream copies its segment into one batch on the host (`SlotAudio.take`),
     which is then copied (the reference path, and the CPU's: there the batch is where the
     features are computed). None: True on a GPU whose rings
