@@ -615,7 +615,8 @@ class Launched:
     """A step queued on the model's device, in one or more parts; `collect` waits for them, once.
     On CUDA, `started` and `ended` are timing events before its first and after its last work.
     `ring_bytes`: how much of the streams' rings its parts copy to the device (`ring_copy`: the
-    slot range of a dense part, the rows' own segments of a sparse one); 0 without ring copies.
+    rows' segments read from the mapped rings; where they cannot be, the slot range of a dense
+    part, the rows' own segments of a sparse one); 0 without ring copies.
     `ring_wait_s`: how long its launch waited for the step before's copies from the rings
     (`Recognizer._release_rings`): a copy that has not happened by the next launch stalls it."""
 
@@ -707,6 +708,7 @@ class _DeviceView:
 
     def __init__(self, host: Tensor) -> None:
         assert host.dtype == torch.float32 and host.is_contiguous()
+        self.host = host  # the tensor made of it holds this object, and so the memory
         self.__cuda_array_interface__ = {"shape": tuple(host.shape), "typestr": "<f4", "strides": None,
                                          "data": (host.data_ptr(), False), "version": 3}
 

@@ -20,8 +20,9 @@ class StepTimes:
     engine thread actually ran on a CPU (`time.thread_time`, so `add` must be called on that
     thread): less than its launch and results took means it waited for the GIL or for a core
     meanwhile (the host's load average says whether its cores were all taken). The GPU line also
-    says how much of the streams' audio rings the steps copied to the device (`Launched.ring_bytes`):
-    a dense part copies every ring in its slot range, however few of those streams it steps; the
+    says how much of the streams' audio rings the steps copied to the device (`Launched.ring_bytes`:
+    the rows' segments where the GPU reads the pinned rings themselves; else a dense part copies
+    every ring in its slot range, however few of those streams it steps); the
     step line, how much of a launch waited for the step before's copies (`Launched.ring_wait_s`)."""
 
     every_s: float = 10.0
