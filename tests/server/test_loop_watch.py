@@ -3,6 +3,7 @@ much CPU its process takes, in the metrics and a log line."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import re
 import time
@@ -59,3 +60,41 @@ def test_watch_measures_a_loop_held_by_blocking_work(caplog: pytest.LogCaptureFi
     assert lines, [r.getMessage() for r in caplog.records]
     late_ms = [int(re.search(r"up to (\d+) ms late", line).group(1)) for line in lines]  # type: ignore[union-attr]
     assert max(late_ms) >= 250, lines
+
+
+def test_the_line_says_how_long_the_garbage_collector_held_the_process() -> None:
+    """Every collection in the window, timed by the collector's callback: their total, how many
+    were full (generation 2) and the longest; none, nothing said."""
+    load = LoopLoad("front end 1", Metrics(process=False), cpu=None)
+    for generation, held_s in ((0, 0.001), (2, 0.030), (1, 0.002)):
+        load.collector("start", {"generation": generation})
+        time.sleep(held_s)
+        load.collector("stop", {"generation": generation, "collected": 0, "uncollectable": 0})
+    load.tick(0.002)
+    line = load.report(1.0, streams=4)
+    assert line is not None and "; the garbage collector held it " in line and " in 3 collections (1 full), up to " in line
+    longest = int(re.search(r"up to (\d+) ms$", line).group(1))  # type: ignore[union-attr]
+    assert longest >= 30
+    load.tick(0.002)
+    assert "garbage collector" not in (load.report(1.0, streams=4) or "")  # a new window: no collection in it
+
+
+def test_watch_times_the_collectors_pauses_while_it_runs(caplog: pytest.LogCaptureFixture) -> None:
+    """`watch` puts its collector callback in `gc.callbacks` while it runs, and takes it out."""
+    load = LoopLoad("front end 0", Metrics(process=False), cpu=None)
+
+    async def main() -> None:
+        task = asyncio.create_task(watch(load, lambda: 3, tick_s=0.01, every_s=0.2))
+        await asyncio.sleep(0.05)
+        assert load.collector in gc.callbacks
+        gc.collect()  # a full collection, timed
+        await asyncio.sleep(0.25)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    with caplog.at_level(logging.INFO, logger="streamd.server"):
+        asyncio.run(main())
+    assert load.collector not in gc.callbacks
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("front end 0")]
+    full = [int(m.group(1)) for line in lines if (m := re.search(r"collections \((\d+) full\)", line))]
+    assert full and max(full) >= 1, lines  # the gc.collect() above
