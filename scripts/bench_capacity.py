@@ -616,8 +616,9 @@ def summary_table(items: list[dict[str, Any]]) -> str:
                      f"({at['steps']['step_s']['p50']}, {at['steps']['mean_batch']})" if at else "0")
         if d and "capacity" in d:
             at = max((x for x in d["levels"] if x["streams"] == d["capacity"]),
-                     key=lambda x: x["partial_latency_s"]["p95"], default=None)
-            d_txt = (f"{d['capacity']} ({at['partial_latency_s']['p95']:.2f}, {at['load_generator']['processes']}/"
+                     key=lambda x: x["partial_latency_s"]["p95"] or 0.0, default=None)
+            p95 = at["partial_latency_s"]["p95"] if at else None  # None: no partial result came (silence)
+            d_txt = (f"{d['capacity']} ({'-' if p95 is None else f'{p95:.2f}'}, {at['load_generator']['processes']}/"
                      f"{at['load_generator']['cores_used']})" if at else "0")
 
         def ratio(base: dict[str, Any] | None) -> str:

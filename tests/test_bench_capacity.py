@@ -95,6 +95,14 @@ def test_level_search_runs_the_asked_levels_or_bisects() -> None:
     table = bench_capacity.summary_table([{"part": "daemon", "chunk_ms": 160, "dtype": "bf16", "graphs": "on",
                                            "capacity": 64, "first_failing": 128, "levels": runs}])
     assert "64 (0.31, 2/0.5)" in table.splitlines()[1]  # the slowest of the runs at the capacity's level
+    runs[1]["partial_latency_s"]["p95"] = None  # a run without partial results (it passed on finals alone)
+    table = bench_capacity.summary_table([{"part": "daemon", "chunk_ms": 160, "dtype": "bf16", "graphs": "on",
+                                           "capacity": 64, "first_failing": 128, "levels": runs}])
+    assert "64 (0.20, 2/0.5)" in table.splitlines()[1]
+    runs[0]["partial_latency_s"]["p95"] = runs[2]["partial_latency_s"]["p95"] = None
+    table = bench_capacity.summary_table([{"part": "daemon", "chunk_ms": 160, "dtype": "bf16", "graphs": "on",
+                                           "capacity": 64, "first_failing": 128, "levels": runs}])
+    assert "64 (-, 2/0.5)" in table.splitlines()[1]
     search, ran = bench_capacity.LevelSearch.around([], guess=1024, share=0.25), []
     n: int | None = search.first
     while n is not None:  # the engine keeps up with up to 600 streams

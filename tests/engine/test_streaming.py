@@ -60,7 +60,8 @@ def test_samples_copied_from_the_rings_stream_like_the_host_batch(device: str, s
         got[ring_copy] = run_streams(m, greedy(m), audios, starts=[(3 * i) % 7 for i in range(len(audios))], seed=5,
                                      recognizer=rec)[0]
     assert got[True] == got[False]
-    assert any(seen is not None for seen in recs[True]._mapped.values()) == mapped  # read the way asked
+    if device == "cuda":  # the rings were read the way asked (a CPU reads them in place)
+        assert any(seen is not None for seen in recs[True]._mapped.values()) == mapped
     if device == "cpu":
         assert got[True] == [transcribe_offline(m, torch.from_numpy(a)) for a in audios]
 
