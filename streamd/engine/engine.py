@@ -375,14 +375,14 @@ class Engine:
                 self._finish_if_done(session)
             case Close(session) if session.stream is not None:
                 self._release(session)
-            case Open(session, future):
+            case Open(session, future) if future.set_running_or_notify_cancel():  # else its awaiter gave up
                 try:
                     self._open(session)
                 except BaseException as e:  # CapacityError: handed to whoever awaits the open
                     future.set_exception(e)
                 else:
                     future.set_result(None)
-            case Call(fn, future):
+            case Call(fn, future) if future.set_running_or_notify_cancel():  # else its awaiter gave up
                 try:
                     future.set_result(fn(self.recognizer))
                 except BaseException as e:  # handed to the awaiting coroutine

@@ -578,3 +578,34 @@ def test_an_engine_thread_blocked_in_a_step_is_reported_with_its_stack(caplog: p
         asyncio.run(main())
     stalls = [r.getMessage() for r in caplog.records if "engine stalled" in r.getMessage()]
     assert len(stalls) == 1 and "no longer feeding systemd's watchdog" in stalls[0] and "launch_that_blocks" in stalls[0]
+
+
+def test_a_call_or_open_whose_awaiter_gave_up_is_skipped_and_the_engine_serves_on() -> None:
+    """A coroutine cancelled while its `Engine.call` or `Engine.open` waits in the inbox (a stop
+    during the start's capacity probe, an admin client gone) cancels the future the engine thread
+    would answer: the engine skips it and serves on, where answering it would raise on its thread."""
+    rec = Recognizer(random_model(), capacity=3)
+    ran: list[str] = []
+
+    async def main() -> int:
+        engine = Engine(rec, max_batch=3, batch_wait_s=0.0)
+        engine.start()
+        try:
+            busy, release = threading.Event(), threading.Event()
+            first = asyncio.ensure_future(engine.call(lambda r: (busy.set(), release.wait(5))))
+            await asyncio.to_thread(busy.wait, 5)
+            given_up = [asyncio.ensure_future(engine.call(lambda r: ran.append("call"))),
+                        asyncio.ensure_future(engine.open())]
+            await asyncio.sleep(0.05)  # both posted behind the busy call
+            for task in given_up:
+                task.cancel()
+            release.set()
+            await first
+            session = await asyncio.wait_for(engine.open(), 10)  # the engine thread still answers
+            assert engine.error is None
+            return session.id
+        finally:
+            await engine.stop()
+
+    assert asyncio.run(main()) >= 0
+    assert ran == []
