@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -14,20 +15,26 @@ from streamd.engine.recognizer import Recognizer
 log = logging.getLogger("streamd.engine")
 
 
-def capacity_probe(rec: Recognizer, sizes: list[int], seed: int = 0) -> list[tuple[int, float]]:
+def capacity_probe(rec: Recognizer, sizes: list[int], seed: int = 0, stop: Callable[[], bool] = lambda: False
+                   ) -> list[tuple[int, float]]:
     """Time one steady-state step (a stream's second) of each batch size; runs on the engine
     thread (`Engine.call`) before any client is served. Noise stands in for speech. Stops at the
     first size that runs out of GPU memory (the graph warm-up may have left too little for the
-    largest batches): the start goes on with the sizes measured."""
+    largest batches): the start goes on with the sizes measured; and before the next size once
+    `stop()` says the daemon is stopping (a CPU's largest sizes take seconds each)."""
     chunk_s = rec.geometry.chunk_ms / 1000
     audio = (np.random.default_rng(seed).standard_normal(int(rec.geometry.sample_rate * (3 * chunk_s + 0.5))) * 0.1).astype(np.float32)
     out = []
     for n in sizes:
+        if stop():
+            break
         streams = [rec.open() for _ in range(n)]
         try:
             for s in streams:
                 s.push_audio(audio)
             rec.step([s for s in streams if s.ready])  # the first step has another shape
+            if stop():
+                break
             ready = [s for s in streams if s.ready]
             t0 = time.perf_counter()
             rec.step(ready)

@@ -206,7 +206,7 @@ class Recognizer:
         self._fresh[slot] = None  # its rows are reset at the next step, with all others opened since
         return Stream.new(slot, self.audio)
 
-    def capture_graphs(self, up_to: int, min_free: float = 0.1) -> list[int]:
+    def capture_graphs(self, up_to: int, min_free: float = 0.1, stop: Callable[[], bool] = lambda: False) -> list[int]:
         """Step silent streams at every batch bucket (encoder's and decoder's) up to `up_to`
         streams, so that their CUDA graphs are captured before clients come (a capture
         mid-stream stalls every stream of that step). Largest first: the graphs share one memory
@@ -221,7 +221,8 @@ class Recognizer:
         warm-up is the time to.
         Its steps are not calls of their sizes (`used_at`): a migration prepares the sizes that
         serving called (every warm-up size made an H100's first move at 3000 streams prepare 95
-        graphs in 70-100 s). Returns the batch sizes stepped, largest first."""
+        graphs in 70-100 s). Ends before the next size once `stop()` says so. Returns the batch
+        sizes stepped, largest first."""
         top = min(up_to, len(self._free), self._part_limit())
         sizes = sorted({min(bucket_size(b, per), top) for per in self._bucket_octaves() for b in range(1, top + 1)},
                        reverse=True)
@@ -237,6 +238,8 @@ class Recognizer:
             part.capture_spacing_s = 0.0
         try:
             for n in sizes:
+                if stop():  # the daemon is stopping before it served
+                    break
                 if device.type == "cuda" and not done:
                     free, total = torch.cuda.mem_get_info(device)
                     if free < min_free * total:

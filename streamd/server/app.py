@@ -90,9 +90,10 @@ def build_state(cfg: Config, metrics: Metrics) -> ServerState:
     return state
 
 
-async def warm_up(engine: Engine) -> None:
+async def warm_up(engine: Engine, stop: Callable[[], bool] = lambda: False) -> None:
     """One chunk of silence through the whole pipeline, so the first client does not pay for it;
-    with CUDA graphs, every batch bucket up to the engine's capacity is captured now."""
+    with CUDA graphs, every batch bucket up to the engine's capacity is captured now (up to the
+    next size once `stop()`, read on the engine thread, says the daemon is stopping)."""
     session = await engine.open()
     engine.push(session, np.zeros(2 * engine.recognizer.geometry.sample_rate, dtype=np.float32))
     engine.end(session)
@@ -101,7 +102,7 @@ async def warm_up(engine: Engine) -> None:
     rec = engine.recognizer
     if rec.encoder_step.mode == GRAPHS:
         t0 = time.perf_counter()
-        sizes = await engine.call(lambda r: r.capture_graphs(engine.max_batch))
+        sizes = await engine.call(lambda r: r.capture_graphs(engine.max_batch, stop=stop))
         log.info("captured CUDA graphs for %d batch sizes up to %d in %.1f s", len(sizes), max(sizes, default=0),
                  time.perf_counter() - t0)
 
@@ -111,7 +112,7 @@ async def measure_capacity(state: ServerState) -> None:
     measured (and exported) even when `admission = "max_streams"` does not enforce it."""
     if state.capacity is not None:
         sizes = probe_sizes(state.config.server.max_streams)
-        state.capacity.seed(await state.engine.call(lambda rec: capacity_probe(rec, sizes)))
+        state.capacity.seed(await state.engine.call(lambda rec: capacity_probe(rec, sizes, stop=state.shutdown.is_set)))
 
 
 class App:
@@ -141,9 +142,12 @@ class App:
         try:
             self.state.engine.start()
             notifier.status(f"warming up on {self.state.device} {self.state.dtype}")  # `systemctl status`
-            await _unless_engine_dies(self.state.engine, warm_up(self.state.engine))
+            # A stop signal ends the start before serving: the phase's engine call returns at its
+            # next batch size (it reads `shutdown`, set by the signal's handler, on the engine thread).
+            stopping = self.state.shutdown
+            await _unless_engine_dies(self.state.engine, warm_up(self.state.engine, stop=stopping.is_set), stopping)
             notifier.status("measuring step times for the capacity estimate")
-            await _unless_engine_dies(self.state.engine, measure_capacity(self.state))
+            await _unless_engine_dies(self.state.engine, measure_capacity(self.state), stopping)
             freeze_startup_heap()
             async with contextlib.AsyncExitStack() as stack:
                 try:
@@ -157,6 +161,8 @@ class App:
                     if e.errno not in BIND_ERRORS:
                         raise
                     raise bind_error(e, cfg.host, cfg.port, "--port", late=True) from None
+                if stopping.is_set():  # a stop signal while the front ends started
+                    raise StoppedStarting
                 # Before the log line and READY=1 that a reload may follow at once (a test, `systemctl
                 # reload`): until this call SIGHUP is ignored (cli.py), and one sent then was lost.
                 _on_signals(loop, (signal.SIGHUP,), self.reload)
@@ -184,6 +190,9 @@ class App:
                 else:
                     await self.front.drain()
                 watchdog.cancel()
+        except StoppedStarting:
+            notifier.stopping("stopped while starting")
+            log.info("stopped by a signal while starting, before serving")
         finally:
             if self.fronts is not None:
                 await self.fronts.kill()
@@ -223,19 +232,27 @@ class App:
         self.notifier.ready(f"serving {self.state.streams()} streams")
 
 
-async def _unless_engine_dies(engine: Engine, work: Coroutine[Any, Any, None]) -> None:
+class StoppedStarting(Exception):
+    """A stop signal came before the daemon served (`App.serve` then stops quietly)."""
+
+
+async def _unless_engine_dies(engine: Engine, work: Coroutine[Any, Any, None], stop: asyncio.Event | None = None
+                              ) -> None:
     """Await `work` (which waits for the engine thread), or raise `EngineDied` if that thread
-    stops on an error first (its calls would then never be answered)."""
+    stops on an error first (its calls would then never be answered), or `StoppedStarting` once
+    `stop` is set (work is cancelled; an engine call it awaits ends on its own)."""
     task = asyncio.ensure_future(work)
-    died = asyncio.ensure_future(engine.died.wait()) if engine.died is not None else None
+    waits = {task} | {asyncio.ensure_future(e.wait()) for e in (engine.died, stop) if e is not None}
     try:
-        await asyncio.wait({task} if died is None else {task, died}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for f in (task, died):
-            if f is not None and not f.done():
+        for f in waits:
+            if not f.done():
                 f.cancel()
     if engine.error is not None:
         raise _died(engine)
+    if not task.done():
+        raise StoppedStarting
     task.result()
 
 

@@ -599,6 +599,7 @@ def test_a_call_or_open_whose_awaiter_gave_up_is_skipped_and_the_engine_serves_o
             await asyncio.sleep(0.05)  # both posted behind the busy call
             for task in given_up:
                 task.cancel()
+            await asyncio.gather(*given_up, return_exceptions=True)  # their engine futures cancelled by now
             release.set()
             await first
             session = await asyncio.wait_for(engine.open(), 10)  # the engine thread still answers

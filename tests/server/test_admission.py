@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import threading
+import time
+from collections.abc import Callable
 
 import pytest
 import websockets
 
 from daemon import config, running
+from streamd.engine.probes import capacity_probe
+from streamd.engine.recognizer import Recognizer
+from streamd.server import app as app_module
 from streamd.server.admission import Capacity, estimate, probe_sizes
+from streamd.server.app import App, build_state
+from streamd.server.metrics import Metrics
 from test_daemon import fetch
 
 
@@ -73,3 +82,42 @@ def test_a_daemon_refuses_streams_beyond_its_estimate() -> None:
                 await ws.close()
 
     asyncio.run(main())
+
+
+def test_a_stop_while_the_capacity_probe_runs_ends_the_start_before_serving(monkeypatch: pytest.MonkeyPatch,
+                                                                           caplog: pytest.LogCaptureFixture) -> None:
+    """SIGTERM (which sets `shutdown`) while the start times its batch sizes: the probe ends at its
+    next size and the daemon stops without serving. On a CPU the largest sizes take seconds each
+    (a minute in all at --max-streams 1200), and a stop used to wait for every one, then serve."""
+    in_probe, measured = threading.Event(), []
+
+    def probe(rec: Recognizer, sizes: list[int], seed: int = 0, stop: Callable[[], bool] = lambda: False
+              ) -> list[tuple[int, float]]:
+        def stop_after_the_first_size() -> bool:
+            if len(measured) == 2:  # asked before size 1, between its two steps, now before size 4:
+                in_probe.set()      # hold it until the stop comes
+                deadline = time.monotonic() + 30
+                while not stop() and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            measured.append(None)
+            return stop()
+        out = capacity_probe(rec, sizes, seed, stop_after_the_first_size)
+        measured.append(out)
+        return out
+
+    monkeypatch.setattr(app_module, "capacity_probe", probe)
+
+    async def main() -> None:
+        app = App(build_state(config(max_streams=8), Metrics(process=False)))
+        started: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        serving = asyncio.create_task(app.serve(started))
+        await asyncio.to_thread(in_probe.wait, 30)
+        app.state.shutdown.set()  # what SIGTERM's handler does
+        await asyncio.wait_for(serving, 10)
+        assert not started.done()
+
+    with caplog.at_level(logging.INFO, logger="streamd"):
+        asyncio.run(main())
+    assert len(measured[-1]) == 1  # only the first of sizes 1, 4, 8 was timed
+    assert "stopped by a signal while starting" in caplog.text
+    assert "serving streamd" not in caplog.text and " on ws://" not in caplog.text
