@@ -253,8 +253,11 @@ class Daemon:
 def scrape(url: str) -> dict[str, float]:
     """The daemon's unlabelled metric samples from /metrics."""
     http = url.replace("ws", "http", 1) + "/metrics"
-    with urllib.request.urlopen(http, timeout=10) as r:
-        text = r.read().decode()
+    try:
+        with urllib.request.urlopen(http, timeout=10) as r:
+            text = r.read().decode()
+    except OSError as e:  # URLError, HTTPError, a timeout: the daemon is down or not streamd
+        raise SystemExit(f"load.py: no streamd daemon answered {http}: {getattr(e, 'reason', e)}") from None
     out: dict[str, float] = {}
     for line in text.splitlines():
         if line and not line.startswith("#") and "{" not in line:

@@ -1,10 +1,13 @@
 """scripts/bench_capacity.py's live item: the daemon's own engine, alone, keeps N streams live with
 churn (streams end and new ones open) and reports each level's streams and steps; its daemon
-levels can churn the same way (`--daemon-churn`)."""
+levels can churn the same way (`--daemon-churn`). And scripts/load.py's word when no daemon answers."""
 from __future__ import annotations
 
+import socket
 import sys
 import time
+
+import pytest
 
 from conftest import FIXTURES, REPO
 
@@ -116,3 +119,14 @@ def test_level_search_runs_the_asked_levels_or_bisects() -> None:
         ran.append(n)
         n = beyond.record(n, {"streams": n, "passed": n <= 1300})
     assert ran[:2] == [512, 1536] and beyond.best == max(r for r in ran if r <= 1300) >= 1200
+
+
+def test_load_against_a_daemon_that_is_down_says_so_in_one_line() -> None:
+    import load
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(SystemExit) as stopped:
+        load.scrape(f"ws://127.0.0.1:{port}")
+    assert str(stopped.value).startswith(f"load.py: no streamd daemon answered http://127.0.0.1:{port}/metrics")
