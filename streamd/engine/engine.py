@@ -395,7 +395,8 @@ class Engine:
                 for source in sources:
                     self.inbox.unwatch(source)
                     source.close()
-                done.set_result(None)
+                with contextlib.suppress(InvalidStateError):  # its awaiter gave up (a stop's timeout)
+                    done.set_result(None)
             case Stop():
                 self._stopping = True
 

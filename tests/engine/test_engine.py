@@ -581,9 +581,10 @@ def test_an_engine_thread_blocked_in_a_step_is_reported_with_its_stack(caplog: p
 
 
 def test_a_call_or_open_whose_awaiter_gave_up_is_skipped_and_the_engine_serves_on() -> None:
-    """A coroutine cancelled while its `Engine.call` or `Engine.open` waits in the inbox (a stop
-    during the start's capacity probe, an admin client gone) cancels the future the engine thread
-    would answer: the engine skips it and serves on, where answering it would raise on its thread."""
+    """A coroutine cancelled while its `Engine.call`, `Engine.open` or `Engine.detach` waits in the
+    inbox (a stop during the start's capacity probe, an admin client gone, a stop's timeout) cancels
+    the future the engine thread would answer: the engine skips the call and the open (a detach is
+    still done) and serves on, where answering the future would raise on its thread."""
     rec = Recognizer(random_model(), capacity=3)
     ran: list[str] = []
 
@@ -595,8 +596,9 @@ def test_a_call_or_open_whose_awaiter_gave_up_is_skipped_and_the_engine_serves_o
             first = asyncio.ensure_future(engine.call(lambda r: (busy.set(), release.wait(5))))
             await asyncio.to_thread(busy.wait, 5)
             given_up = [asyncio.ensure_future(engine.call(lambda r: ran.append("call"))),
-                        asyncio.ensure_future(engine.open())]
-            await asyncio.sleep(0.05)  # both posted behind the busy call
+                        asyncio.ensure_future(engine.open()),
+                        asyncio.ensure_future(asyncio.wrap_future(engine.detach([])))]  # a stop's timed-out wait
+            await asyncio.sleep(0.05)  # all posted behind the busy call
             for task in given_up:
                 task.cancel()
             await asyncio.gather(*given_up, return_exceptions=True)  # their engine futures cancelled by now
