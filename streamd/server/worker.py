@@ -31,7 +31,7 @@ from streamd.server.front import Front
 from streamd.server.link import (CloseStream, Done, EndStream, Evict, Failed, FrontMetrics, Handoff, MetricsRequest,
                                  MetricsText, NeedRoom, Opened, OpenStream, Reconfigure, Results, SharedAudio, Shutdown,
                                  Status, StreamAudio, ToEngine, ToFront, Up, WorkerSpec, listening_socket)
-from streamd.server.heap import freeze_startup_heap
+from streamd.server.heap import collect_less_often, freeze_startup_heap
 from streamd.server.loop_watch import LoopLoad, watch
 from streamd.server.context import StreamContext
 from streamd.server.metrics import Metrics
@@ -78,6 +78,7 @@ async def _serve(spec: WorkerSpec) -> None:
     async with front.listen(sock):
         front.ready = True
         freeze_startup_heap()
+        collect_less_often()
         engine.post(Up(os.getpid()))
         pusher = asyncio.create_task(_push_metrics(engine, state.metrics))
         watcher = asyncio.create_task(watch(LoopLoad(f"front end {spec.index}", state.metrics), lambda: len(state.live)))
