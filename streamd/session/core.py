@@ -112,6 +112,7 @@ class StreamSession:
         self.utterances = 0  # index after the last final
         self.partials = 0  # partials sent
         self._last_partial: tuple[int, str] = (-1, "")
+        self._partial_tokens = (-1, 0)  # (utterance, tokens) of the open utterance last decoded for a partial
         self._pcm: PcmDecoder | None = None
         self._commands: list[Command] = []
         self._tracker: tuple[Segment, UtteranceTracker] | None = None  # of the segment whose results come in
@@ -273,6 +274,10 @@ class StreamSession:
         assert self.start is not None
         if segment.end_reason == "clear":
             return None
+        if not u.final:  # most steps add no token to the open utterance: its text is the same, nothing to send
+            if not self.start.interim_results or self._partial_tokens == (u.index, len(u.tokens)):
+                return None
+            self._partial_tokens = (u.index, len(u.tokens))  # an open utterance's tokens only grow
         processed = min(self._seconds(segment, segment.frame_end), self.received_s)
         text = self.tokenizer.decode(u.tokens)
         # where its words begin and end (docs/protocol.md), as its word times say; without words,
@@ -286,7 +291,7 @@ class StreamSession:
                 words = self._words(segment, u.tokens, u.times)
                 tokens = tuple(self.tokenizer.id_to_piece(t) for t in u.tokens)
             return p.Final(u.index, text, start, end, processed, cast(p.FinalReason, u.reason), words, tokens)
-        if not self.start.interim_results or self._last_partial == (u.index, text):
+        if self._last_partial == (u.index, text):
             return None
         self._last_partial = (u.index, text)
         self.partials += 1

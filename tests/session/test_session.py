@@ -163,6 +163,25 @@ def test_open_words_decode_each_word_about_once(monkeypatch: pytest.MonkeyPatch)
     assert all(words == final.words[:i + 1] for i, words in enumerate(seen))
 
 
+def test_a_step_that_adds_no_token_decodes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Most steps add no token to the open utterance (a trained model emits ~0.1 a frame): their
+    result sends nothing and decodes nothing (a front end decoded the whole open utterance at every
+    step of every stream, and only then found its text unchanged)."""
+    for interim in (True, False):
+        s, seg = started(interim_results=interim, endpointing=False)
+        s.receive(pcm(2.0))
+        decoded: list[int] = []
+        decode = TOK.decode
+        monkeypatch.setattr(TOK, "decode", lambda ids: decoded.append(len(ids)) or decode(ids))
+        sent = [s.receive_result(seg, ChunkResult(THE, [1], 0, 2))]
+        sent += [s.receive_result(seg, ChunkResult([], [], f, f + 2)) for f in range(2, 12, 2)]
+        sent += [s.receive_result(seg, ChunkResult(FOX, [13, 14, 15], 12, 16))]
+        assert sent == ([[p.Partial(0, "the", 0.08, 0.16, 0.16)]] + [[]] * 5 + [[p.Partial(0, "the fox", 0.08, 1.28, 1.28)]]
+                        if interim else [[]] * 7)
+        assert decoded == ([1, 4] if interim else [])
+        monkeypatch.undo()
+
+
 def test_open_words_end_within_the_audio_as_it_comes() -> None:
     """A word past the audio received is clipped to it in the open words, and gets its own end
     once the audio is there (the words decoded before are not kept with the clipped time)."""
