@@ -6,11 +6,11 @@ import gc
 import logging
 
 log = logging.getLogger("streamd.server")
-# A front end's collector thresholds (Python's: 700, 10, 10). A front end of ~640 streams at 160-ms
-# chunks (H100 host, benchmarks/h100-2026-12-06j) with Python's thresholds: 340-410 collections in
-# 10 s, 2-3 of them full, 0.5-0.65 s of the 10 s stopped, single pauses up to 114 ms; with these: 3
-# collections, none full, 57-74 ms, up to 38 ms. Acyclic garbage is freed at once either way
-# (reference counts); only cycles wait longer.
+# A front end's collector thresholds (Python's: 700, 10, 10). Front ends of 430-800 streams at
+# 160-ms chunks (H100 host, benchmarks/h100-2026-12-06j) with Python's thresholds: 320-500
+# collections in 10 s, 2-4 of them full, 0.47-0.84 s of the 10 s stopped, single pauses up to
+# 119 ms; with these: 2-3 collections, none full, 0.04-0.07 s, up to 42 ms. Acyclic garbage is
+# freed at once either way (reference counts); only cycles wait longer.
 FRONT_END_GC_THRESHOLDS = (50_000, 20, 100)
 
 
