@@ -318,13 +318,26 @@ class Connection:
         except TimeoutError:
             raise SlowConsumer(f"results not read for {timeout:g} s (send_timeout_s)") from None
 
-    async def close(self, code: int, reason: str = "") -> None:
-        """The closing handshake, or a dropped connection if it takes longer than send_timeout_s."""
+    async def close(self, code: int, reason: str = "", discard: bool = False) -> None:
+        """The closing handshake, or a dropped connection if it takes longer than send_timeout_s.
+        `discard` (only once nothing else receives: after an error): what the client sent meanwhile
+        is read and dropped; with the socket's reading paused on a full receive queue
+        (RECEIVE_QUEUE), the client's close frame would wait behind it until websockets' close
+        timeout (a client that sent audio after a bad `start` saw its 1003 after 10 s)."""
+        dropping = asyncio.create_task(self._discard_incoming()) if discard else None
         try:
             async with asyncio.timeout(self.state.config.server.send_timeout_s):
                 await self.ws.close(code, reason)
         except TimeoutError:
             self.ws.transport.abort()
+        finally:
+            if dropping is not None:
+                dropping.cancel()
+
+    async def _discard_incoming(self) -> None:
+        with contextlib.suppress(ConnectionClosed):
+            while True:
+                await self.ws.recv()
 
     async def fail(self, exc: StreamdError) -> None:
         """End the stream for `exc`: the face tells the client, then the close frame with its code."""
@@ -334,6 +347,6 @@ class Connection:
             # A slow consumer is not reading: its close frame (with the reason) is all it may still see.
             if not isinstance(exc, SlowConsumer):
                 await self.face.report(exc)
-            await self.close(code, reason)
+            await self.close(code, reason, discard=True)
         except (ConnectionClosed, SlowConsumer):
             self.ws.transport.abort()

@@ -257,6 +257,7 @@ def test_unsupported_format_closes_1003(case: str) -> None:
     out = scenario(config(), sends(message, AUDIO))
     assert out.error["code"] == "unsupported_audio" and words in out.error["message"]
     assert out.close_code == 1003
+    assert out.seconds < 3  # at once, though audio followed the `start` (not after websockets' 10-s close timeout)
     assert len(out.messages) == 1  # no `ready`
 
 
