@@ -145,9 +145,9 @@ class App:
             # A stop signal ends the start before serving: the phase's engine call returns at its
             # next batch size (it reads `shutdown`, set by the signal's handler, on the engine thread).
             stopping = self.state.shutdown
-            await _unless_engine_dies(self.state.engine, warm_up(self.state.engine, stop=stopping.is_set), stopping)
+            await _start_phase(self.state.engine, warm_up(self.state.engine, stop=stopping.is_set), stopping)
             notifier.status("measuring step times for the capacity estimate")
-            await _unless_engine_dies(self.state.engine, measure_capacity(self.state), stopping)
+            await _start_phase(self.state.engine, measure_capacity(self.state), stopping)
             freeze_startup_heap()
             async with contextlib.AsyncExitStack() as stack:
                 try:
@@ -236,11 +236,11 @@ class StoppedStarting(Exception):
     """A stop signal came before the daemon served (`App.serve` then stops quietly)."""
 
 
-async def _unless_engine_dies(engine: Engine, work: Coroutine[Any, Any, None], stop: asyncio.Event | None = None
-                              ) -> None:
-    """Await `work` (which waits for the engine thread), or raise `EngineDied` if that thread
-    stops on an error first (its calls would then never be answered), or `StoppedStarting` once
-    `stop` is set (work is cancelled; an engine call it awaits ends on its own)."""
+async def _start_phase(engine: Engine, work: Coroutine[Any, Any, None], stop: asyncio.Event) -> None:
+    """Await a phase of the start, `work` (which waits for the engine thread), or raise
+    `EngineDied` if that thread stops on an error first (its calls would then never be answered),
+    or `StoppedStarting` once `stop` is set (work is cancelled; an engine call it awaits ends on
+    its own)."""
     task = asyncio.ensure_future(work)
     waits = {task} | {asyncio.ensure_future(e.wait()) for e in (engine.died, stop) if e is not None}
     try:

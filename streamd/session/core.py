@@ -111,8 +111,7 @@ class StreamSession:
         self.decoded_s = 0.0  # stream time up to which results have come back
         self.utterances = 0  # index after the last final
         self.partials = 0  # partials sent
-        self._last_partial: tuple[int, str] = (-1, "")
-        self._partial_tokens = (-1, 0)  # (utterance, tokens) of the open utterance last decoded for a partial
+        self._partial = (-1, 0, "")  # (utterance, tokens, text) of the open utterance at the last partial asked
         self._pcm: PcmDecoder | None = None
         self._commands: list[Command] = []
         self._tracker: tuple[Segment, UtteranceTracker] | None = None  # of the segment whose results come in
@@ -275,9 +274,8 @@ class StreamSession:
         if segment.end_reason == "clear":
             return None
         if not u.final:  # most steps add no token to the open utterance: its text is the same, nothing to send
-            if not self.start.interim_results or self._partial_tokens == (u.index, len(u.tokens)):
+            if not self.start.interim_results or self._partial[:2] == (u.index, len(u.tokens)):
                 return None
-            self._partial_tokens = (u.index, len(u.tokens))  # an open utterance's tokens only grow
         processed = min(self._seconds(segment, segment.frame_end), self.received_s)
         text = self.tokenizer.decode(u.tokens)
         # where its words begin and end (docs/protocol.md), as its word times say; without words,
@@ -291,9 +289,9 @@ class StreamSession:
                 words = self._words(segment, u.tokens, u.times)
                 tokens = tuple(self.tokenizer.id_to_piece(t) for t in u.tokens)
             return p.Final(u.index, text, start, end, processed, cast(p.FinalReason, u.reason), words, tokens)
-        if self._last_partial == (u.index, text):
+        before, self._partial = self._partial, (u.index, len(u.tokens), text)  # an open utterance's tokens only grow
+        if (before[0], before[2]) == (u.index, text):  # new tokens, no new text
             return None
-        self._last_partial = (u.index, text)
         self.partials += 1
         return p.Partial(u.index, text, start, end, processed)
 
