@@ -12,7 +12,6 @@ catches up.
 from __future__ import annotations
 
 import math
-from collections import deque
 
 import numpy as np
 
@@ -29,8 +28,8 @@ class Activity:
 
     A push comes with every audio message of a stream, so it only keeps the samples: they are
     analysed when a frame is asked about (a session asks once an engine step), or once `ANALYSE_S`
-    seconds are waiting, all frames at once: one FFT, band power and level, then a short loop of
-    plain floats for the floor (a running minimum). Forgetting waits for the next analysis. The
+    seconds are waiting, all frames at once: one FFT, band power and level, and the floor (a
+    running minimum) from cumulative minima. Forgetting waits for the next analysis. The
     decisions do not depend on the pieces the audio came in. The active frames are a bytearray
     (one byte a frame, 1: active)."""
 
@@ -47,9 +46,8 @@ class Activity:
         self._band = slice(int(band[0]), int(band[-1]) + 1)
         # a Hann-windowed full-scale square wave's power in the band sums to about this much
         self._scale = 2 / (np.sum(self._window_fn ** 2) * self.frame)
-        # the floor's candidates: (level, frame) of the frames no later, quieter frame outdoes,
-        # oldest (and quietest) first; only the last `_window` frames count
-        self._quietest: deque[tuple[float, int]] = deque()
+        # the levels (dB) of the last `_window` frames, before them +inf (no frame yet)
+        self._recent = np.full(self._window, np.inf)
         self._active = bytearray()  # frames `_first`.. of the stream
         self._first = 0
         self._forget = 0  # frames before this one will not be asked about (`forget`)
@@ -87,26 +85,41 @@ class Activity:
         power = np.abs(spectrum[:, self._band])
         power **= 2
         power = power.sum(axis=1) * self._scale
-        level = np.maximum(10 * np.log10(np.maximum(power, 1e-30)), _SILENT_DBFS).tolist()
-        # the floor of each new frame: the quietest of the `_window` frames before it (none: itself)
-        quietest, active = self._quietest, self._active
-        i = self._first + len(active)
-        for value in level:
-            while quietest and quietest[0][1] < i - self._window:
-                quietest.popleft()
-            floor = quietest[0][0] if quietest else value
-            active.append(value >= self.min_dbfs and value >= floor + self.rise_db)
-            while quietest and quietest[-1][0] >= value:
-                quietest.pop()
-            quietest.append((value, i))
-            i += 1
+        level = np.maximum(10 * np.log10(np.maximum(power, 1e-30)), _SILENT_DBFS)
+        for start in range(0, n, self._window):
+            self._decide_block(level[start:start + self._window])
+
+    def _decide_block(self, level: np.ndarray) -> None:
+        """Decide frames of levels `level` (dB, (m,), m <= `_window`): each one's floor is the
+        quietest of the `_window` frames before it (none: itself), the minimum of a suffix of
+        `_recent` and a prefix of `level`."""
+        m = level.size
+        floor = np.minimum.accumulate(self._recent[::-1])[::-1][:m]
+        np.minimum(floor[1:], np.minimum.accumulate(level)[:-1], out=floor[1:])
+        if floor[0] == np.inf:  # the stream's first frame
+            floor[0] = level[0]
+        active = (level >= self.min_dbfs) & (level >= floor + self.rise_db)
+        self._active += active.astype(np.uint8).tobytes()
+        self._recent = np.concatenate([self._recent[m:], level])
 
     def active(self, start_s: float, end_s: float) -> bool:
-        """Whether any frame overlapping [start_s, end_s) seconds of the stream is active."""
+        """Whether any frame overlapping [start_s, end_s) seconds of the stream is active.
+
+        A frame's decision never changes once made (it depends on the frames before it only), so
+        an active frame among those decided answers without analysing the audio waiting: in
+        speech, most asks."""
+        a, b = int(start_s / FRAME_S), math.ceil(end_s / FRAME_S)
+        if self._decided(a, b):
+            return True
+        if not self._waiting:
+            return False
         self._analyse()
-        a = max(int(start_s / FRAME_S), self._first) - self._first
-        b = max(math.ceil(end_s / FRAME_S), self._first) - self._first
-        return self._active.find(1, a, b) >= 0
+        return self._decided(a, b)
+
+    def _decided(self, a: int, b: int) -> bool:
+        """Whether any frame of frames [a, b) decided so far and not forgotten is active."""
+        first = max(self._first, self._forget)
+        return self._active.find(1, max(a, first) - self._first, max(b, first) - self._first) >= 0
 
     def forget(self, before_s: float) -> None:
         """Frames that end before `before_s` will not be asked about again (dropped at the next

@@ -10,7 +10,7 @@ import pytest
 
 from streamd.audio.activity import ANALYSE_S, BAND_HZ, FLOOR_S, FRAME_S, Activity
 
-THRESHOLDS = [(-70.0, 9.0), (-45.0, 3.0), (-90.0, 20.0)]  # the default (min_dbfs, rise_db), then others
+THRESHOLDS = [(-70.0, 9.0), (-45.0, 3.0), (-90.0, 20.0), (-70.0, 0.0)]  # the default (min_dbfs, rise_db), then others
 
 
 def reference(x: np.ndarray, rate: int, min_dbfs: float, rise_db: float) -> list[bool]:
@@ -139,3 +139,23 @@ def test_forgetting_analyses_nothing() -> None:
     assert a.frames == len(expected) and a._first == 5
     assert frames_of(a, 5) == expected[5:]
     assert a.active(0.0, 0.2) == any(expected[5:10])  # the window reaching back sees only what is kept
+
+
+def test_an_active_frame_decided_answers_without_analysing_the_audio_waiting() -> None:
+    """As a session asks (a token's window reaches from 1 s before it to past the audio received):
+    every answer is the reference's over the frames there are, and when a frame decided already
+    is active the audio waiting stays waiting (decisions never change once made)."""
+    x = speech_like(np.random.default_rng(4), 16000, 6).astype(np.float32)
+    expected = reference(x, 16000, -70.0, 9.0)
+    a = Activity(16000, -70.0, 9.0)
+    early = 0
+    for at in range(0, x.size, 1600):
+        a.push(x[at:at + 1600])
+        t = (at + 1600) / 16000
+        waiting = a._waiting_size
+        frames = (at + 1600) // 320
+        assert a.active(t - 1.0, t + 1.2) == any(expected[max(0, int((t - 1.0) / FRAME_S)):frames])
+        if waiting and a._waiting_size == waiting:
+            early += 1
+            assert any(a._active[max(0, int((t - 1.0) / FRAME_S)) - a._first:])
+    assert early > 10
