@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -366,20 +367,30 @@ def encode_client_message(message: ClientMessage) -> str:
 
 # -- serialising server messages ----------------------------------------------------------------
 
-def _rounded(value: Any) -> Any:
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def _plain(value: Any) -> Any:
+    """`value` as JSON types: dataclasses and mappings as objects without their None fields,
+    sequences as arrays, floats rounded to milliseconds (a result's times)."""
     if isinstance(value, float):
         return round(value, 3)
-    if isinstance(value, dict):
-        return {k: _rounded(v) for k, v in value.items() if v is not None}
+    if value is None or isinstance(value, (str, int)):
+        return value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {name: _plain(v) for name in _field_names(type(value)) if (v := getattr(value, name)) is not None}
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items() if v is not None}
     if isinstance(value, (list, tuple)):
-        return [_rounded(v) for v in value]
+        return [_plain(v) for v in value]
     return value
 
 
 def encode_message(message: ServerMessage, seq: int) -> str:
     """Serialise a server message as compact JSON; times are rounded to milliseconds."""
-    body = _rounded(dataclasses.asdict(message))
-    return json.dumps({"type": message.type, "seq": seq, **body}, ensure_ascii=False,
+    return json.dumps({"type": message.type, "seq": seq, **_plain(message)}, ensure_ascii=False,
                       separators=(",", ":"))
 
 
