@@ -58,7 +58,7 @@ def _run_serve(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a reload while starting is ignored, never fatal
     cfg = load_config(args)
-    logsetup.configure(cfg.log.level, cfg.log.format)
+    logsetup.configure(cfg.log.level, cfg.log.format, access=cfg.log.access)
     check_listeners(cfg)  # before the model loads
     app = App(build_state(cfg, Metrics()), reread=lambda: load_config(args))
     asyncio.run(app.serve())

@@ -251,15 +251,17 @@ class AdminConfig:
 
 @dataclass(frozen=True)
 class LogConfig:
-    """Log level and line format."""
+    """Log level, line format and the per-stream access lines."""
 
     level: str = "info"
     format: str = "text"
+    access: str = "on"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "level", self.level.lower())
         _require(self.level in LOG_LEVELS, "log.level", f"must be one of {', '.join(LOG_LEVELS)}", self.level)
         _require(self.format in LOG_FORMATS, "log.format", "must be text or json", self.format)
+        _require(self.access in ("on", "off"), "log.access", "must be on or off", self.access)
 
 
 @dataclass(frozen=True)
@@ -439,6 +441,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("admin", "token_file", _to_path, "file holding the admin bearer token"),
     Setting("log", "level", _to_str, "debug, info, warning, error or critical", choices=LOG_LEVELS),
     Setting("log", "format", _to_str, "text or json", choices=LOG_FORMATS),
+    Setting("log", "access", _to_str,
+            "on: a line per stream as it ends (logger streamd.access, INFO: path, client address, why, seconds "
+            "of audio); off: none, for daemons opening thousands of streams a second", choices=("on", "off")),
 )
 
 

@@ -2,9 +2,9 @@
 
 Loggers: ``streamd.server`` (connections, lifecycle), ``streamd.engine``
 (batching, migration), ``streamd.model`` (loading), ``streamd.access`` (one
-line per stream). Extra fields passed with ``extra={...}`` (``session_id``,
-``remote``, ``event``...) are appended as ``key=value`` in text and as keys in
-JSON. When stderr is connected to journald (``JOURNAL_STREAM`` matches it)
+line per stream as it ends, at INFO; ``log.access = "off"`` silences it).
+Extra fields passed with ``extra={...}`` (``remote``, ``path``, ``audio_s``...)
+are appended as ``key=value`` in text and as keys in JSON. When stderr is connected to journald (``JOURNAL_STREAM`` matches it)
 lines carry a ``<priority>`` prefix and no timestamp: journald adds its own.
 Nothing happens on import; call :func:`configure`.
 """
@@ -82,13 +82,29 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str, ensure_ascii=False)
 
 
-def configure(level: str = "info", fmt: str = "text", *, stream: TextIO | None = None,
+def levels(level: str, access: str = "on") -> dict[str, str]:
+    """Each streamd logger's level: ``level``, but ``streamd.access`` at WARNING (silent) when
+    ``access`` is ``off``."""
+    out = {name: level.upper() for name in ("streamd", *LOGGERS)}
+    if access == "off":
+        out["streamd.access"] = max(level.upper(), "WARNING", key=logging.getLevelName)
+    return out
+
+
+def set_levels(level: str, access: str = "on") -> None:
+    """Change the levels :func:`configure` set, in this process (a reload)."""
+    for name, value in levels(level, access).items():
+        logging.getLogger(name).setLevel(value)
+
+
+def configure(level: str = "info", fmt: str = "text", *, access: str = "on", stream: TextIO | None = None,
               environ: Mapping[str, str] | None = None) -> None:
     """Send streamd's logs (at ``level``) and other libraries' warnings to ``stream``.
 
     Args:
         level: ``debug``, ``info``, ``warning``, ``error`` or ``critical``.
         fmt: ``text`` or ``json``.
+        access: ``on``: a line per stream as it ends (``streamd.access``); ``off``: none.
         stream: defaults to ``sys.stderr``.
         environ: where to look for ``JOURNAL_STREAM``; defaults to ``os.environ``.
     """
@@ -107,6 +123,6 @@ def configure(level: str = "info", fmt: str = "text", *, stream: TextIO | None =
         "handlers": {"stderr": {"class": "logging.StreamHandler", "stream": out,
                                 "formatter": "streamd"}},
         "root": {"level": "WARNING", "handlers": ["stderr"]},
-        "loggers": {name: {"level": level.upper()} for name in ("streamd", *LOGGERS)},
+        "loggers": {name: {"level": value} for name, value in levels(level, access).items()},
     })
     logging.captureWarnings(True)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from streamd.log import LOGGERS, configure, under_journald
+from streamd.log import LOGGERS, configure, set_levels, under_journald
 
 
 @pytest.fixture(autouse=True)
@@ -52,6 +52,19 @@ def test_level_applies_to_every_streamd_logger() -> None:
     lines = out.getvalue().splitlines()
     assert [line.split(" ")[3].rstrip(":") for line in lines[:4]] == list(LOGGERS)
     assert len(lines) == 5 and lines[-1].endswith("someone.else: theirs")
+
+
+def test_access_off_silences_the_access_lines_only() -> None:
+    out = io.StringIO()
+    configure("debug", "text", access="off", stream=out, environ={})
+    logging.getLogger("streamd.access").info("disconnect s-1")
+    logging.getLogger("streamd.server").debug("connect s-1")
+    logging.getLogger("streamd.access").warning("kept")
+    set_levels("info", "on")  # a reload turns them on again
+    logging.getLogger("streamd.access").info("disconnect s-2")
+    logging.getLogger("streamd.server").debug("connect s-2")
+    assert [line.split(": ", 1)[1] for line in out.getvalue().splitlines()] == [
+        "connect s-1", "kept", "disconnect s-2"]
 
 
 def test_json_lines() -> None:

@@ -15,6 +15,7 @@ import torch
 from websockets.asyncio.server import Server, ServerConnection
 
 from streamd import systemd
+from streamd.log import set_levels
 from streamd.config import Config
 from streamd.errors import EngineDied, StreamdError
 from streamd.decoding.graphs import EAGER, make_decoder
@@ -35,7 +36,7 @@ from streamd.server.heap import freeze_startup_heap
 from streamd.server.loop_watch import LoopLoad, watch
 from streamd.server.metrics import Metrics
 from streamd.server.ports import BIND_ERRORS, bind_error
-from streamd.server.reload import describe, merge, set_log_level
+from streamd.server.reload import describe, merge
 from streamd.server.resume import Sessions
 
 log = logging.getLogger("streamd.server")
@@ -223,7 +224,7 @@ class App:
             log.error("reload failed, the running configuration is kept: %s", e)
         else:
             self.state.config = config
-            set_log_level(config.log.level)
+            set_levels(config.log.level, config.log.access)
             if self.fronts is not None:
                 self.fronts.configure(config)
             log.info("configuration reloaded%s", f": {describe(old, new, live)}" if live else ", nothing changed live")

@@ -232,7 +232,7 @@ class FrontEnds:
         ours, theirs = socket_pair()
         audio = AudioPipe.create()
         spec = WorkerSpec(index, theirs, cfg, audio, self.state.tokenizer.model_proto, self.state.model_name,
-                          self.state.engine.status, self.census, self.port, cfg.log.level, cfg.log.format)
+                          self.state.engine.status, self.census, self.port)
         process = self._ctx.Process(target=run, args=(spec,), name=f"streamd-front{index}", daemon=True)
         try:
             await asyncio.to_thread(process.start)

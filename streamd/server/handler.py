@@ -32,6 +32,7 @@ from streamd.server.resume import Parking, log_name, session_id_of
 from streamd.session.core import End, Open, Result, Segment, StreamSession
 
 log = logging.getLogger("streamd.server")
+access_log = logging.getLogger("streamd.access")  # a line per connection as it ends (`log.access`)
 # Audio bytes fed to a session at a time: a paced stream's backlog passes max_backlog_s by at most
 # this much (1 s of 16 kHz s16le; 4 s of 8 kHz G.711), not by a whole message.
 FEED_BYTES = 32 << 10
@@ -100,12 +101,13 @@ class Connection:
 
     async def run(self) -> None:
         """Serve the connection with its face, and close it on an error (told by the face)."""
-        log.info("connect %s from %s", self.log_id, self.ws.remote_address)
+        log.debug("connect %s from %s", self.log_id, self.ws.remote_address)
         reason = "error"
         watcher = asyncio.create_task(self._watch_shutdown())
         try:
             reason = await self.face.serve()
         except StreamdError as e:
+            reason = e.code
             await self.fail(e)
         except ConnectionClosed as e:
             reason = ("handed off" if self.parking.handed_off else "client closed" if isinstance(e, ConnectionClosedOK)
@@ -116,7 +118,17 @@ class Connection:
         finally:
             watcher.cancel()
             self.parking.end()
-            log.info("disconnect %s (%s) after %.1f s of audio", self.log_id, reason, self.session.received_s)
+            self._log_access(reason)
+
+    def _log_access(self, reason: str) -> None:
+        """The access line: why the connection ended, how much audio and how long, from where (the
+        path without its query: a ?token= is never logged)."""
+        host, port = (self.ws.remote_address or ("?", 0))[:2]
+        remote = f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+        access_log.info("disconnect %s (%s) after %.1f s of audio in %.1f s", self.log_id, reason,
+                        self.session.received_s, time.monotonic() - self.started,
+                        extra={"path": self.ws.request.path.partition("?")[0] if self.ws.request else "?",
+                               "remote": remote})
 
     async def _watch_shutdown(self) -> None:
         """On shutdown, end the receive that is waiting now (it returns None)."""

@@ -36,8 +36,6 @@ class WorkerSpec:
     status: EngineStatus
     census: Census
     port: int
-    log_level: str
-    log_format: str
 
 
 # -- front end -> engine ---------------------------------------------------------------------------

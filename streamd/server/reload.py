@@ -19,7 +19,7 @@ LIVE_SECTIONS = ("endpointing", "gate")
 LIVE = frozenset({
     "server.max_backlog_s", "server.backlog_policy", "server.idle_timeout_s", "server.max_session_s",
     "server.drain_timeout_s", "server.send_timeout_s", "server.token_file", "server.allowed_origins",
-    "log.level",
+    "log.level", "log.access",
 })
 SECTIONS = ("server", "engine", "endpointing", "gate", "admin", "log")
 
@@ -65,11 +65,3 @@ def _show(value: Any) -> str:
     if isinstance(value, tuple):
         return "[" + ",".join(map(str, value)) + "]"
     return "unset" if value is None else str(value)
-
-
-def set_log_level(level: str) -> None:
-    """Change streamd's log level in this process (as `streamd.log.configure` set it)."""
-    from streamd.log import LOGGERS
-
-    for name in ("streamd", *LOGGERS):
-        logging.getLogger(name).setLevel(level.upper())

@@ -35,7 +35,6 @@ from streamd.server.heap import collect_less_often, freeze_startup_heap
 from streamd.server.loop_watch import LoopLoad, watch
 from streamd.server.context import StreamContext
 from streamd.server.metrics import Metrics
-from streamd.server.reload import set_log_level
 from streamd.server.resume import Sessions
 
 log = logging.getLogger("streamd.server")
@@ -49,7 +48,7 @@ COALESCE_S = 0.004
 
 def run(spec: WorkerSpec) -> None:
     """Entry point of a front-end process."""
-    logsetup.configure(spec.log_level, spec.log_format)
+    logsetup.configure(spec.config.log.level, spec.config.log.format, access=spec.config.log.access)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the main process decides
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the main process reloads and sends the result
@@ -71,7 +70,7 @@ async def _serve(spec: WorkerSpec) -> None:
         except (ValueError, OSError) as e:  # the main process read the same files a moment ago
             log.error("front end: reload failed, the running configuration is kept: %s", e)
         else:
-            set_log_level(config.log.level)
+            logsetup.set_levels(config.log.level, config.log.access)
 
     engine.on_config = reconfigure
     sock = listening_socket(spec.config.server.host, spec.port)

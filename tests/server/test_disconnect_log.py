@@ -1,5 +1,6 @@
-"""Why a connection ended, as the log says it: a client that closes normally, a stream handed off
-to another daemon and a client that vanished are told apart (Realtime sessions included)."""
+"""Why a connection ended, as the access log says it: a client that closes normally, a stream
+handed off to another daemon and a client that vanished are told apart (Realtime sessions
+included); the line names the path and the client's address."""
 from __future__ import annotations
 
 import asyncio
@@ -27,10 +28,18 @@ def test_the_log_says_how_a_connection_ended(tmp_path: Path, caplog: pytest.LogC
             with pytest.raises(websockets.ConnectionClosed):
                 while True:
                     await handed.recv()
+            async with websockets.connect(url + "/v1/stream?token=hidden") as bad:  # ended by an error
+                await bad.send("{not json")
+                with pytest.raises(websockets.ConnectionClosed):
+                    while True:
+                        await bad.recv()
             await asyncio.sleep(0.5)
 
-    with caplog.at_level(logging.INFO, logger="streamd.server"):
+    with caplog.at_level(logging.INFO, logger="streamd.access"):
         asyncio.run(main())
-    ends = [r.getMessage() for r in caplog.records if r.getMessage().startswith("disconnect ")]
-    assert len(ends) == 2, ends
-    assert "(client closed)" in ends[0] and "(handed off)" in ends[1], ends
+    ends = [r for r in caplog.records if r.name == "streamd.access"]
+    assert [r.getMessage().split(" ")[0] for r in ends] == ["disconnect"] * 3, ends
+    reasons = [r.getMessage().split("(")[1].split(")")[0] for r in ends]
+    assert reasons == ["client closed", "handed off", "protocol_violation"], reasons
+    assert [(vars(r)["path"], vars(r)["remote"].startswith("127.0.0.1:")) for r in ends] == [
+        ("/v1/realtime", True), ("/v1/stream", True), ("/v1/stream", True)]  # never the query's token

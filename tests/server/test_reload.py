@@ -73,18 +73,26 @@ def test_sighup_rereads_the_config_and_never_ends_the_daemon(tmp_path: Path, wor
             port = int(url.rsplit(":", 1)[1])
             live = await websockets.connect(url + "/v1/stream")  # open across the reloads
             await live.send(START)
+            async with websockets.connect(url + "/v1/realtime") as short:  # an access line as it ends
+                await short.recv()
+            line = await logged("INFO streamd.access: disconnect")
+            assert "(client closed)" in line and "path=/v1/realtime remote=127.0.0.1:" in line, line
 
-            # Live: idle_timeout_s 30 -> 1 and the log level. Needs a restart: the port.
+            # Live: idle_timeout_s 30 -> 1, the log level and the access lines. Needs a restart: the port.
             write_config(conf, idle_timeout_s=1, port=port + 1,
-                         extra=workers_line + "[log]\nlevel = \"debug\"\n")
+                         extra=workers_line + "[log]\nlevel = \"debug\"\naccess = \"off\"\n")
             proc.send_signal(signal.SIGHUP)
             line = await logged("configuration reloaded")
             assert "server.idle_timeout_s 30.0 -> 1.0" in line and "log.level info -> debug" in line, line
+            assert "log.access on -> off" in line, line
             line = await logged("need a restart")
             assert f"server.port 0 -> {port + 1}" in line and "idle_timeout_s" not in line, line
             await asyncio.sleep(0.5)  # with a front-end process: the new config crosses its channel
             seconds, out = await idle_close_s(url)
             assert out.of("error")[0]["code"] == "idle_timeout" and 1 <= seconds < 4, (seconds, out.messages)
+            await logged("DEBUG streamd.server: connect")  # debug lines now, and no access line
+            await asyncio.sleep(0.5)
+            assert sum("streamd.access" in line for line in log) == 1, "\n".join(log)
 
             # A broken file: an error line, nothing changes.
             conf.write_text("[server]\nidle_timeout_s = -5\n")
