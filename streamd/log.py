@@ -2,10 +2,11 @@
 
 Loggers: ``streamd.server`` (connections, lifecycle), ``streamd.engine``
 (batching, migration), ``streamd.model`` (loading), ``streamd.access`` (one
-line per stream as it ends, at INFO; ``log.access = "off"`` silences it).
-Extra fields passed with ``extra={...}`` (``remote``, ``path``, ``audio_s``...)
-are appended as ``key=value`` in text and as keys in JSON. When stderr is connected to journald (``JOURNAL_STREAM`` matches it)
-lines carry a ``<priority>`` prefix and no timestamp: journald adds its own.
+line per connection as it ends, at INFO; ``log.access = "off"`` silences it).
+Extra fields passed with ``extra={...}`` (``path``, ``remote``...) are appended
+as ``key=value`` in text and as keys in JSON. When stderr is connected to
+journald (``JOURNAL_STREAM`` matches it) lines carry a ``<priority>`` prefix
+and no timestamp: journald adds its own.
 Nothing happens on import; call :func:`configure`.
 """
 from __future__ import annotations

@@ -135,12 +135,15 @@ def test_streams_beyond_a_daemons_capacity_go_to_one_with_room(tmp_path: Path) -
         return ws
 
     def session(ws: websockets.ClientConnection) -> str:
-        """How the daemon's log names the stream's session (a digest of its id)."""
+        """How the daemon's log names the stream's session (a digest of its id): its `connect` line
+        (at debug) says which daemon took it."""
         assert ws.response is not None
         return log_name(str(ws.response.headers["X-Streamd-Session"]))
 
     async def main() -> None:
-        async with cluster(tmp_path, {"small": ["--max-streams", "1"], "big": ["--max-streams", "4"]}) as c:
+        debug = ["--log-level", "debug"]
+        daemons = {"small": ["--max-streams", "1", *debug], "big": ["--max-streams", "4", *debug]}
+        async with cluster(tmp_path, daemons) as c:
             small, big = c.daemons
             held = await asyncio.gather(*(open_stream(c.url) for _ in range(5)))
             ready = {d.name: json.loads((await d.get("/readyz"))[1]) for d in c.daemons}
