@@ -36,6 +36,33 @@ def test_fused_attention_equals_explicit(cache: int, t: int, device: str = "cpu"
 
 
 
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("cache,t", CASES)
+def test_keys_in_ring_order_give_the_time_order_output(cache: int, t: int, fused: bool, device: str = "cpu") -> None:
+    """Keys whose cached frames are a ring (each row rotated by its own head, `order` giving each
+    key's time) attend as the same keys in time order."""
+    torch.manual_seed(2)
+    att = RelPositionMultiHeadAttention(64, 4, bias=True).to(device)
+    with torch.no_grad():
+        for p in att.parameters():
+            p.normal_(0.0, 0.2)
+    att.fused = fused
+    b, n = 6, cache + t
+    query = torch.randn(b, t, 64, device=device)
+    keys = torch.cat([torch.randn(b, cache, 64, device=device), query], dim=1)
+    _, pos = RelPositionalEncoding(64, 500, xscaling=True).to(device)(query, n)
+    mask = torch.rand(b, t, n, device=device) < 0.3
+    mask[1] = True
+    head = torch.randint(0, max(cache, 1), (b,), device=device)
+    ring = (torch.arange(cache, device=device)[None] - head[:, None]) % max(cache, 1)  # slot j's time
+    order = torch.cat([ring, torch.arange(cache, n, device=device).expand(b, t)], dim=1)  # (B, n)
+    with torch.no_grad():
+        want = att(query, keys, pos, mask)
+        got = att(query, keys.gather(1, order[..., None].expand(b, n, 64)), pos,
+                  mask.gather(2, order[:, None].expand(b, t, n)), order)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("cache,t", CASES)
 def test_fused_attention_equals_explicit_on_cuda(cache: int, t: int) -> None:
@@ -43,6 +70,8 @@ def test_fused_attention_equals_explicit_on_cuda(cache: int, t: int) -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
         test_fused_attention_equals_explicit(cache, t, "cuda")
+        for fused in (False, True):
+            test_keys_in_ring_order_give_the_time_order_output(cache, t, fused, "cuda")
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
 
