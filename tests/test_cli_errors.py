@@ -54,7 +54,7 @@ def test_a_file_that_is_not_a_model_is_one_line(tmp_path: Path, capsys: pytest.C
     tar = tmp_path / "empty.nemo"
     subprocess.run(["tar", "-cf", str(tar), "-C", str(tmp_path), "notes.txt"], check=True)
     for model, words in ((text, "not a model streamd can read"), (tmp_path, "is a directory"),
-                         (tar, "not a .nemo file")):
+                         (tar, "not a .nemo file"), (tmp_path / "gone.nemo", "no model file")):
         assert cli.main(["decode", "--model", str(model), str(WAV)]) == 2
         line = one_line_error(capsys.readouterr().err)
         assert line.startswith("streamd decode: error: ") and words in line, line

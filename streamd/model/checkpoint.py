@@ -51,6 +51,8 @@ def load_model(path: str | os.PathLike[str]) -> LoadedModel:
     p = Path(path)
     if p.is_dir():
         raise UnsupportedCheckpoint(f"{p} is a directory; --model takes a .nemo file or a streamd checkpoint")
+    if not p.exists():
+        raise FileNotFoundError(f"no model file {p}")
     try:
         loaded = load_nemo(p) if tarfile.is_tarfile(p) else load_streamd(p)
     except (UnsupportedCheckpoint, FileNotFoundError, PermissionError):
