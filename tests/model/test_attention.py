@@ -11,19 +11,31 @@ from streamd.model.attention import RelPositionalEncoding, RelPositionMultiHeadA
 CASES = [(10, 3), (0, 5), (70, 2)]
 
 
-@pytest.mark.parametrize("cache,t", CASES)
-def test_fused_attention_equals_explicit(cache: int, t: int, device: str = "cpu") -> None:
-    torch.manual_seed(0)
+def _attention(seed: int, device: str) -> RelPositionMultiHeadAttention:
+    """A 64-wide, 4-head attention with random weights and biases (u, v and the projections')."""
+    torch.manual_seed(seed)
     att = RelPositionMultiHeadAttention(64, 4, bias=True).to(device)
     with torch.no_grad():
         for p in att.parameters():
             p.normal_(0.0, 0.2)
-    b, n = 6, cache + t
-    query = torch.randn(b, t, 64, device=device)
-    keys = torch.cat([torch.randn(b, cache, 64, device=device), query], dim=1)
-    _, pos = RelPositionalEncoding(64, 500, xscaling=True).to(device)(query, n)
-    mask = torch.rand(b, t, n, device=device) < 0.3
-    mask[1] = True  # a row whose every query is padding
+    return att
+
+
+def _inputs(b: int, cache: int, t: int, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(B, T, 64) queries, (B, cache, 64) cached inputs, the positional table and a random
+    (B, T, cache + T) mask whose row 1 is all padding."""
+    query, cached = torch.randn(b, t, 64, device=device), torch.randn(b, cache, 64, device=device)
+    _, pos = RelPositionalEncoding(64, 500, xscaling=True).to(device)(query, cache + t)
+    mask = torch.rand(b, t, cache + t, device=device) < 0.3
+    mask[1] = True
+    return query, cached, pos, mask
+
+
+@pytest.mark.parametrize("cache,t", CASES)
+def test_fused_attention_equals_explicit(cache: int, t: int, device: str = "cpu") -> None:
+    att = _attention(0, device)
+    query, cached, pos, mask = _inputs(6, cache, t, device)
+    keys = torch.cat([cached, query], dim=1)
     mask[2, 0] = True  # one fully masked query
     with torch.no_grad():
         att.fused = False
@@ -35,24 +47,16 @@ def test_fused_attention_equals_explicit(cache: int, t: int, device: str = "cpu"
     torch.testing.assert_close(fused[2, 0], att.linear_out.bias.detach())
 
 
-
 @pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("cache,t", CASES)
 def test_keys_in_ring_order_give_the_time_order_output(cache: int, t: int, fused: bool, device: str = "cpu") -> None:
     """Keys whose cached frames are a ring (each row rotated by its own head, `order` giving each
     key's time) attend as the same keys in time order."""
-    torch.manual_seed(2)
-    att = RelPositionMultiHeadAttention(64, 4, bias=True).to(device)
-    with torch.no_grad():
-        for p in att.parameters():
-            p.normal_(0.0, 0.2)
+    att = _attention(2, device)
     att.fused = fused
     b, n = 6, cache + t
-    query = torch.randn(b, t, 64, device=device)
-    keys = torch.cat([torch.randn(b, cache, 64, device=device), query], dim=1)
-    _, pos = RelPositionalEncoding(64, 500, xscaling=True).to(device)(query, n)
-    mask = torch.rand(b, t, n, device=device) < 0.3
-    mask[1] = True
+    query, cached, pos, mask = _inputs(b, cache, t, device)
+    keys = torch.cat([cached, query], dim=1)
     head = torch.randint(0, max(cache, 1), (b,), device=device)
     ring = (torch.arange(cache, device=device)[None] - head[:, None]) % max(cache, 1)  # slot j's time
     order = torch.cat([ring, torch.arange(cache, n, device=device).expand(b, t)], dim=1)  # (B, n)
@@ -82,17 +86,10 @@ def test_cached_keys_and_values_equal_projecting_cached_inputs(cache: int, t: in
                                                               device: str = "cpu") -> None:
     """`forward_cached` over the projections of cached inputs gives `forward`'s output over the
     inputs, leaves the window's cached keys and values unchanged and writes the query's after them."""
-    torch.manual_seed(1)
-    att = RelPositionMultiHeadAttention(64, 4, bias=True).to(device)
-    with torch.no_grad():
-        for p in att.parameters():
-            p.normal_(0.0, 0.2)
+    att = _attention(1, device)
     att.fused = fused
-    b, n = 5, cache + t
-    query, cached = torch.randn(b, t, 64, device=device), torch.randn(b, cache, 64, device=device)
-    _, pos = RelPositionalEncoding(64, 500, xscaling=True).to(device)(query, n)
-    mask = torch.rand(b, t, n, device=device) < 0.3
-    mask[1] = True
+    b = 5
+    query, cached, pos, mask = _inputs(b, cache, t, device)
     with torch.no_grad():
         want = att(query, torch.cat([cached, query], dim=1), pos, mask)
         kv_cache = torch.cat([att.linear_k(cached), att.linear_v(cached)], dim=-1)
