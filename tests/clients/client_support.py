@@ -3,7 +3,8 @@
 The fixture model's transcripts are gibberish that changes with any shift or resampling of the
 audio, so a capture path (PulseAudio, a browser) cannot be checked against a file's reference
 transcript. Instead the tests record what the daemon's engine received (:class:`PushRecorder`),
-check that it is the played file (:func:`best_correlation`), and check that the client shows
+check that it is the played file (:func:`best_correlation`; :func:`share_heard` for a capture
+that may glitch), and check that the client shows
 exactly the finals that this audio gives when streamed again (:func:`replay_finals`).
 """
 from __future__ import annotations
@@ -77,3 +78,15 @@ def best_correlation(haystack: np.ndarray, needle: np.ndarray) -> float:
     power = np.concatenate([[0.0], np.cumsum(haystack ** 2)])
     window = np.sqrt(np.maximum(power[len(needle):len(needle) + lags] - power[:lags], 1e-12))
     return float(np.max(corr[:lags] / (window * np.linalg.norm(needle))))
+
+
+def share_heard(haystack: np.ndarray, needle: np.ndarray, piece_s: float = 0.5, rate: int = 16000) -> float:
+    """The share of ``needle``'s voiced ``piece_s`` pieces found in ``haystack`` (best normalised
+    correlation > 0.9 each): a capture that glitched once (a buffer dropped or repeated, as a
+    browser's fake microphone may under load) still shows the file it played, a wrong rate or
+    format shows none of it."""
+    size = round(piece_s * rate)
+    pieces = [needle[i:i + size] for i in range(0, len(needle) - size + 1, size)]
+    loudest = max(float(np.abs(piece).max()) for piece in pieces)
+    voiced = [piece for piece in pieces if np.abs(piece).max() > loudest / 10]
+    return sum(best_correlation(haystack, piece) > 0.9 for piece in voiced) / len(voiced)

@@ -22,7 +22,7 @@ import pytest
 import soundfile as sf
 
 from chromium_cdp import launch
-from client_support import PushRecorder, best_correlation, replay_finals, speech
+from client_support import PushRecorder, replay_finals, share_heard, speech
 from daemon import config, running
 from streamd.config import EndpointingConfig
 
@@ -87,7 +87,8 @@ def test_page_transcribes_the_microphone(tmp_path: Path, scheme: str) -> None:
                 assert status == "closed", await page.evaluate("document.getElementById('status').textContent")
                 shown = json.loads(await page.evaluate(FINALS_JS))
             audio = received.stop()
-            assert best_correlation(audio, speech(pad_s=0.0)) > 0.9, "the daemon did not receive the WAV"
+            heard = share_heard(audio, speech(pad_s=0.0))
+            assert heard >= 0.75, f"the daemon did not receive the WAV ({heard:.0%} of its pieces found)"
             cafile = str(tls["tls_cert"]) if tls else None
             expected = await replay_finals(url.replace("ws", scheme, 1), audio, cafile)
             assert len(shown) >= 2 and all(f["text"] for f in shown)
