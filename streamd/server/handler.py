@@ -122,7 +122,9 @@ class Connection:
 
     def _log_access(self, reason: str) -> None:
         """The access line: why the connection ended, how much audio and how long, from where (the
-        path without its query: a ?token= is never logged)."""
+        path without its query: a ?token= is never logged). Nothing is built with `log.access` off."""
+        if not access_log.isEnabledFor(logging.INFO):
+            return
         host, port = (self.ws.remote_address or ("?", 0))[:2]
         remote = f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
         access_log.info("disconnect %s (%s) after %.1f s of audio in %.1f s", self.log_id, reason,
