@@ -23,8 +23,10 @@ TINY = FIXTURES / "tiny_streaming_fastconformer_rnnt.nemo"
 def config(model: Path | None = TINY, admin: AdminConfig | None = None, gate: str = "off", **server: Any) -> Config:
     """A test daemon on port 0, CPU; `model=None` serves the shipped default model. The speech gate
     is off: tests compare the daemon's tokens with the recognizer's, on fixtures of tones and noise
-    (tests/server/test_speech_gate.py tests the gate)."""
-    base = dict(port=0, max_streams=64, idle_timeout_s=10.0, resume_grace_s=1.0)
+    (tests/server/test_speech_gate.py tests the gate). Admission by max_streams: a CI machine
+    under load may rightly estimate its capacity below a test's streams (test_admission tests
+    admission by capacity)."""
+    base = dict(port=0, max_streams=64, idle_timeout_s=10.0, resume_grace_s=1.0, admission="max_streams")
     base.update(server)
     return Config(server=ServerConfig(**base), engine=EngineConfig(model=model, device="cpu"),
                   gate=GateConfig(mode=gate), admin=admin or AdminConfig(socket=None))

@@ -51,7 +51,7 @@ def test_live_steps_move_the_estimate() -> None:
 
 def test_a_daemon_refuses_streams_beyond_its_estimate() -> None:
     async def main() -> None:
-        async with running(config(max_streams=8)) as (app, url):
+        async with running(config(max_streams=8, admission="capacity")) as (app, url):
             status, body = await fetch(url, "/readyz")
             ready = json.loads(body)
             assert status == 200 and ready["ready"] and ready["limit"] == 8

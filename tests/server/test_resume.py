@@ -322,7 +322,7 @@ def test_a_full_daemon_of_parked_streams_takes_as_many_new_ones_at_once() -> Non
     n = 6
 
     async def main() -> None:
-        async with running(config(max_streams=n, admission="max_streams", resume_grace_s=30.0)) as (app, url):
+        async with running(config(max_streams=n, resume_grace_s=30.0)) as (app, url):
             await _park(url, app, n)
             answers = await asyncio.gather(*(_first_answer(url) for _ in range(n)))
             assert answers == ["ready"] * n
@@ -362,7 +362,7 @@ def test_parked_streams_in_one_front_end_give_their_slots_to_new_streams_at_anot
     n = 4
 
     async def main() -> None:
-        async with running(config(max_streams=n, admission="max_streams", resume_grace_s=30.0, workers=2,
+        async with running(config(max_streams=n, resume_grace_s=30.0, workers=2,
                                   idle_timeout_s=5.0)) as (app, url):
             census = app.fronts.census
             ports: list[int] = []  # local ports whose connections front end 1 takes
@@ -431,7 +431,7 @@ def test_a_finalize_in_flight_does_not_turn_an_admitted_stream_away() -> None:
     """A stream whose finalize is in flight holds a second engine slot until the first segment is
     flushed; a stream the daemon admitted meanwhile waits for a slot instead of `overloaded`."""
     async def main() -> None:
-        async with running(config(max_streams=2, admission="max_streams", max_backlog_s=120.0)) as (app, url):
+        async with running(config(max_streams=2, max_backlog_s=120.0)) as (app, url):
             ws = await websockets.connect(url + "/v1/stream")
             await ws.send(json.dumps({"type": "start", "sample_rate": 16000, "encoding": "s16le"}))
             await ws.recv()
