@@ -171,8 +171,10 @@ class Engine:
     def _snapshot(self) -> EngineStatus:
         rec = self.recognizer
         return EngineStatus(str(rec.model.device), DTYPE_NAMES[rec.model.dtype], rec.geometry, rec.capacity,
-                            rec.encoder_step.mode, getattr(rec.search, "mode", "eager"), self._cutting_over,
-                            rec.eager_reason(), self._stalled, rec.calls, rec.eager_calls, rec.padded_calls)
+                            rec.encoder_step.mode, getattr(rec.search, "mode", "eager"),
+                            rec.model.encoder.attention_path(),
+                            self._cutting_over, rec.eager_reason(), self._stalled, rec.calls, rec.eager_calls,
+                            rec.padded_calls)
 
     def add_listener(self, listener: Callable[[], None]) -> None:
         """Call `listener()` on the event loop whenever a migration or a stall changes the status."""

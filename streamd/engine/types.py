@@ -188,6 +188,7 @@ class EngineStatus:
     capacity: int = 0  # stream slots
     encoder: str = "eager"  # how the last step encoded: "graphs" or "eager"
     decoder: str = "eager"  # how the last step decoded: "full_graph", "no_while_loops" or "eager"
+    attention: str = "explicit"  # how steps attend: "kernel" (Triton), "sdpa" or "explicit"
     cutting_over: bool = False  # a migration is swapping the model in: steps wait
     eager_reason: str = ""  # why the last step encoded or decoded without CUDA graphs ('' when both used them)
     stalled: bool = False  # streams wait and the engine thread has made no step for long (`Engine.stalled`)

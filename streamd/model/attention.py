@@ -7,6 +7,7 @@ import torch
 from torch import Tensor, nn
 
 MASKED_SCORE = -10000.0  # NeMo fills masked scores with -1e4 (not -inf): fully masked rows give 0
+KERNEL_MAX_QUERIES = 16  # the Triton kernel serves streaming steps (a chunk's few frames), not offline passes
 
 
 class RelPositionalEncoding(nn.Module):
@@ -50,9 +51,15 @@ class RelPositionMultiHeadAttention(nn.Module):
     additive mask, NeMo's `use_pytorch_sdpa` path), used on CUDA. With a few query frames per
     stream and many streams, the explicit matmuls spend most of their time copying keys, values
     and the batch-expanded positional table into contiguous batches; the fused kernel reads them
-    in place. `fused`: None = by device (fused on CUDA), True/False = always/never."""
+    in place. `fused`: None = by device (fused on CUDA), True/False = always/never.
+
+    On CUDA with Triton, a streaming step's attention (at most KERNEL_MAX_QUERIES query frames)
+    runs as one kernel instead (`attention_kernel`: positional scores by relative distance, ring
+    order, masks and softmax without going through memory). `kernel`: None = there, without
+    autograd; True = wherever Triton runs (its CPU interpreter in tests); False = never."""
 
     fused: bool | None = None
+    kernel: bool | None = None
 
     def __init__(self, d_model: int, n_heads: int, bias: bool) -> None:
         super().__init__()
@@ -100,10 +107,15 @@ class RelPositionMultiHeadAttention(nn.Module):
         b, t, _ = query.shape
         n = keys.shape[1]
         q = self.linear_q(query).view(b, t, self.h, self.d_k)
-        k = keys.view(b, n, self.h, self.d_k).transpose(1, 2)  # (B, H, n, dk)
-        v = values.view(b, n, self.h, self.d_k).transpose(1, 2)
         p = self.linear_pos(pos_emb).view(-1, self.h, self.d_k)  # (2n-1, H, dk)
         scale = 1.0 / math.sqrt(self.d_k)
+        if self._kernel(query):
+            from streamd.model.attention_kernel import window_attention
+            out = window_attention(q, keys.view(b, n, self.h, self.d_k), values.view(b, n, self.h, self.d_k), p,
+                                   self.pos_bias_u, self.pos_bias_v, mask, order, scale)
+            return self.linear_out(out.view(b, t, self.h * self.d_k))
+        k = keys.view(b, n, self.h, self.d_k).transpose(1, 2)  # (B, H, n, dk)
+        v = values.view(b, n, self.h, self.d_k).transpose(1, 2)
         fused = query.is_cuda if self.fused is None else self.fused
         if fused:
             # bd as one matmul per head over all streams' queries: (H, B*T, dk) @ (H, dk, 2n-1).
@@ -121,6 +133,26 @@ class RelPositionMultiHeadAttention(nn.Module):
             attn = torch.softmax(scores.masked_fill(m, MASKED_SCORE), dim=-1).masked_fill(m, 0.0)
             out = torch.matmul(attn, v)
         return self.linear_out(out.transpose(1, 2).reshape(b, t, self.h * self.d_k))
+
+
+    def streaming_path(self, device: torch.device) -> str:
+        """How a streaming step's attention runs on `device` (without autograd): "kernel"
+        (Triton), "sdpa" (the fused path) or "explicit" (NeMo's matmuls)."""
+        if self._kernel_for(device, 1, grad=False):
+            return "kernel"
+        return "sdpa" if (device.type == "cuda" if self.fused is None else self.fused) else "explicit"
+
+    def _kernel(self, query: Tensor) -> bool:
+        """Whether this call runs the Triton kernel (see the class docstring)."""
+        return self._kernel_for(query.device, query.shape[1], torch.is_grad_enabled())
+
+    def _kernel_for(self, device: torch.device, queries: int, grad: bool) -> bool:
+        if self.kernel is False or queries > KERNEL_MAX_QUERIES:
+            return False
+        if self.kernel is None and (device.type != "cuda" or grad):
+            return False
+        from streamd.model import attention_kernel  # imports Triton: only where a step may use it
+        return attention_kernel.supports(self.d_k) and (self.kernel is True or attention_kernel.available(device))
 
 
 def _in_order(scores: Tensor, order: Tensor | None) -> Tensor:

@@ -246,6 +246,12 @@ class ConformerEncoder(nn.Module):
         out.head.copy_((head + t) % max(c, 1))
         return x, lengths, out
 
+    def attention_path(self) -> str:
+        """How streaming steps attend where the encoder is: "kernel", "sdpa" or "explicit"
+        (`RelPositionMultiHeadAttention.streaming_path`)."""
+        layer: ConformerLayer = self.layers[0]  # type: ignore[assignment]
+        return layer.self_attn.streaming_path(self.pre_encode.out.weight.device)
+
     @property
     def _dtype(self) -> torch.dtype:
         return self.pre_encode.out.weight.dtype

@@ -59,6 +59,7 @@ class Control:
                 "admission_limit": limit, "capacity_estimate": estimate,
                 "parked": self.state.parked(),
                 "chunk_ms": engine.geometry.chunk_ms, "decoder": engine.decoder, "encoder": engine.encoder,
+                "attention": engine.attention,
                 "eager_reason": engine.eager_reason, "calls": engine.calls,
                 "eager_calls": dict(zip(("encoder", "decoder"), engine.eager_calls)),
                 "padded_calls": dict(zip(("encoder", "decoder"), engine.padded_calls)), "stalled": engine.stalled,

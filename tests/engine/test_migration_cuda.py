@@ -208,6 +208,7 @@ def test_a_migration_prepared_while_the_engine_captures_breaks_nothing() -> None
             assert prepared > 0
             assert rec.encoder_step.captures - prepared == len(set(rec.encoder_step.buckets) - sizes)
             assert engine.status.encoder == "graphs" and engine.status.decoder != "eager"
+            assert engine.status.attention == "kernel"  # Triton's, in the graphs of both dtypes
             assert engine.status.eager_reason == "" and fallbacks == []
             print(f"before {before}; last move: pause {report.pause_ms:.1f} ms, gap {report.serving_gap_ms} ms, "
                   f"{report.graphs} captured in {report.recapture_ms:.0f} ms")

@@ -12,9 +12,11 @@ CASES = [(10, 3), (0, 5), (70, 2)]
 
 
 def _attention(seed: int, device: str) -> RelPositionMultiHeadAttention:
-    """A 64-wide, 4-head attention with random weights and biases (u, v and the projections')."""
+    """A 64-wide, 4-head attention with random weights and biases (u, v and the projections'),
+    on its `fused` paths (not the Triton kernel: test_attention_kernel compares that one)."""
     torch.manual_seed(seed)
     att = RelPositionMultiHeadAttention(64, 4, bias=True).to(device)
+    att.kernel = False
     with torch.no_grad():
         for p in att.parameters():
             p.normal_(0.0, 0.2)

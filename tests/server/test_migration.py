@@ -53,6 +53,7 @@ def test_migrations_mid_stream_lose_nothing(tmp_path: Path) -> None:
             status, body = await admin(sock, "GET", "/v1/status")
             assert body["dtype"] == "fp32" and body["last_migration"]["ok"]
             assert body["encoder"] == "eager" and body["decoder"] == "eager"  # graphs on, but on the CPU
+            assert body["attention"] == "explicit"  # the Triton kernel and SDPA are CUDA's
             assert body["calls"] > 0 and body["eager_calls"] == {"encoder": body["calls"], "decoder": body["calls"]}
             for run in (same, mixed):
                 for t in run:
