@@ -56,7 +56,9 @@ class RelPositionMultiHeadAttention(nn.Module):
     On CUDA with Triton, a streaming step's attention (at most KERNEL_MAX_QUERIES query frames)
     runs as one kernel instead (`attention_kernel`: positional scores by relative distance, ring
     order, masks and softmax without going through memory). `kernel`: None = there, without
-    autograd; True = wherever Triton runs (its CPU interpreter in tests); False = never."""
+    autograd; True = wherever Triton runs (its CPU interpreter in tests); False = never. A GPU or
+    Triton build the kernel fails to compile for turns it off for the process (logged), not the
+    step."""
 
     fused: bool | None = None
     kernel: bool | None = None
@@ -110,10 +112,14 @@ class RelPositionMultiHeadAttention(nn.Module):
         p = self.linear_pos(pos_emb).view(-1, self.h, self.d_k)  # (2n-1, H, dk)
         scale = 1.0 / math.sqrt(self.d_k)
         if self._kernel(query):
-            from streamd.model.attention_kernel import window_attention
-            out = window_attention(q, keys.view(b, n, self.h, self.d_k), values.view(b, n, self.h, self.d_k), p,
-                                   self.pos_bias_u, self.pos_bias_v, mask, order, scale)
-            return self.linear_out(out.view(b, t, self.h * self.d_k))
+            from streamd.model.attention_kernel import KernelUnavailable, window_attention
+            try:
+                out = window_attention(q, keys.view(b, n, self.h, self.d_k), values.view(b, n, self.h, self.d_k),
+                                       p, self.pos_bias_u, self.pos_bias_v, mask, order, scale)
+            except KernelUnavailable:
+                pass  # logged once; this process attends on the reference path from now on
+            else:
+                return self.linear_out(out.view(b, t, self.h * self.d_k))
         k = keys.view(b, n, self.h, self.d_k).transpose(1, 2)  # (B, H, n, dk)
         v = values.view(b, n, self.h, self.d_k).transpose(1, 2)
         fused = query.is_cuda if self.fused is None else self.fused

@@ -18,6 +18,8 @@ on the CPU: that is how CI tests it.
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
 import os
 
 import torch
@@ -30,6 +32,12 @@ except ImportError:  # the CPU build of torch comes without Triton: the referenc
     triton = None
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+log = logging.getLogger("streamd.engine")
+broken: str | None = None  # why the kernel failed to build in this process (it is not tried again)
+
+
+class KernelUnavailable(RuntimeError):
+    """The kernel cannot be built for this GPU or Triton: callers take the reference path."""
 
 
 def supports(head_size: int) -> bool:
@@ -38,8 +46,19 @@ def supports(head_size: int) -> bool:
 
 
 def available(device: torch.device) -> bool:
-    """Whether the kernel can run for tensors on `device` (CUDA with Triton; or its interpreter)."""
-    return triton is not None and (device.type == "cuda" or (INTERPRET and device.type == "cpu"))
+    """Whether the kernel can run for tensors on `device`: CUDA with Triton on a GPU with bf16
+    matrix units (compute capability 8.0 or later), or Triton's interpreter on the CPU; and it
+    has not failed to build in this process."""
+    if triton is None or broken is not None:
+        return False
+    if device.type == "cuda":
+        return _capability(device.index if device.index is not None else torch.cuda.current_device()) >= (8, 0)
+    return INTERPRET and device.type == "cpu"
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
 
 
 if triton is not None:
@@ -97,6 +116,7 @@ def window_attention(q: Tensor, keys: Tensor, values: Tensor, p: Tensor, bias_u:
         order: (B, n) int64 the time index of each key (a ring's order), or None: time order.
         scale: the scores' scale (1 / sqrt(dk)).
     Returns: (B, T, H, dk) in q's dtype; a query whose keys are all masked gives zeros.
+    Raises KernelUnavailable when Triton cannot build it here (then `available` says False).
     """
     if triton is None:
         raise RuntimeError("the attention kernel needs Triton (torch's CUDA builds bring it)")
@@ -108,14 +128,26 @@ def window_attention(q: Tensor, keys: Tensor, values: Tensor, p: Tensor, bias_u:
     m = mask.contiguous().view(torch.uint8)
     o = order if order is not None else m  # any pointer: not read without an order
     guard = torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext()
-    with guard:  # Triton launches on the current device, whatever the tensors'
-        _window_attention[(b, h)](
-            q, keys, values, p, bias_u.contiguous(), bias_v.contiguous(), m, o, out,
-            q.stride(0), q.stride(1), q.stride(2), keys.stride(0), keys.stride(1), keys.stride(2),
-            values.stride(0), values.stride(1), values.stride(2), p.stride(0), p.stride(1),
-            m.stride(0), m.stride(1), out.stride(0), out.stride(1), out.stride(2),
-            o.stride(0), n, scale,
-            T=t, BT=max(16, triton.next_power_of_2(t)), DK=dk, BN=max(16, triton.next_power_of_2(n)),
-            BR=max(16, triton.next_power_of_2(n + t - 1)), HAS_ORDER=order is not None,
-            PRECISION="ieee" if q.dtype == torch.float32 else "tf32")  # fp32 models: no TF32 in the products
+    try:
+        with guard:  # Triton launches on the current device, whatever the tensors'
+            _launch(q, keys, values, p, bias_u, bias_v, m, o, out, n, scale, order is not None)
+    except triton.TritonError as e:  # compile errors, too little shared memory, ptxas: never again here
+        global broken
+        broken = f"{type(e).__name__}: {str(e)[:300]}"
+        log.warning("attention kernel unavailable (%s): attention runs on the reference path", broken)
+        raise KernelUnavailable(broken) from e
     return out
+
+
+def _launch(q: Tensor, keys: Tensor, values: Tensor, p: Tensor, bias_u: Tensor, bias_v: Tensor, m: Tensor,
+            o: Tensor, out: Tensor, n: int, scale: float, has_order: bool) -> None:
+    b, t, h, dk = q.shape
+    _window_attention[(b, h)](
+        q, keys, values, p, bias_u.contiguous(), bias_v.contiguous(), m, o, out,
+        q.stride(0), q.stride(1), q.stride(2), keys.stride(0), keys.stride(1), keys.stride(2),
+        values.stride(0), values.stride(1), values.stride(2), p.stride(0), p.stride(1),
+        m.stride(0), m.stride(1), out.stride(0), out.stride(1), out.stride(2),
+        o.stride(0), n, scale,
+        T=t, BT=max(16, triton.next_power_of_2(t)), DK=dk, BN=max(16, triton.next_power_of_2(n)),
+        BR=max(16, triton.next_power_of_2(n + t - 1)), HAS_ORDER=has_order,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32")  # fp32 models: no TF32 in the products

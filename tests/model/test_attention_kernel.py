@@ -140,3 +140,30 @@ def test_kernel_in_half_precision_at_fastconformer_l_size(t: int, dtype: torch.d
     got, want, fused = _kernel_vs_explicit(70, t, True, "cuda", dtype, heads=8, width=512, b=256)
     err, reference_err = (((x - want).norm() / want.norm()).item() for x in (got, fused))
     assert err <= 1.1 * reference_err, (err, reference_err)
+
+
+def test_a_kernel_that_cannot_be_built_turns_itself_off_and_the_reference_serves(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A GPU or Triton build the kernel does not compile for (simulated: the launch raises
+    Triton's error): the call returns the reference's output and the process stops trying
+    (logged once; `available` says no, so status says "sdpa")."""
+    import triton
+
+    from streamd.model import attention_kernel
+
+    def fails(*args: object) -> None:
+        raise triton.TritonError("simulated: out of shared memory")
+
+    att = _attention(3, "cpu")
+    query, cached, pos, mask = _inputs(4, 10, 2, "cpu")
+    keys = torch.cat([cached, query], dim=1)
+    with torch.no_grad():
+        want = att(query, keys, pos, mask)
+        monkeypatch.setattr(attention_kernel, "_launch", fails)
+        monkeypatch.setattr(attention_kernel, "broken", None)
+        att.kernel = True
+        got = att(query, keys, pos, mask)
+    torch.testing.assert_close(got, want)
+    assert attention_kernel.broken and "simulated" in attention_kernel.broken
+    assert not attention_kernel.available(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    assert [r.levelname for r in caplog.records if "attention kernel unavailable" in r.message] == ["WARNING"]
