@@ -90,10 +90,11 @@ def _summary(command: str, body: dict[str, Any]) -> str:
     admitting = (("draining: no new streams" + (", exits when the last one ends" if body.get("exit_when_drained")
                                                 else "; `streamd admin undrain` takes them again"))
                  if body["draining"] else f"admitting {body['admission_limit']}")
-    estimate = body.get("capacity_estimate")
+    estimate, attention = body.get("capacity_estimate"), body.get("attention")
     line = (f"{body['model']} on {body['device']} {body['dtype']}: {body['streams']}/{body['capacity']} streams "
             f"({admitting}{f'; real-time estimate {estimate}' if estimate is not None else ''}), "
-            f"{body.get('chunk_ms')} ms chunks, encoder {body.get('encoder')}, decoder {body['decoder']}")
+            f"{body.get('chunk_ms')} ms chunks, encoder {body.get('encoder')}"
+            f"{f' (attention: {attention})' if attention else ''}, decoder {body['decoder']}")
     if body.get("stalled"):
         line += ("\nENGINE STALLED: streams wait and no step was made for a minute (the log says where the "
                  "engine thread is); /livez and /readyz answer 503: restart the daemon")

@@ -100,7 +100,7 @@ def test_decode_names_what_is_wrong_with_each_file_and_goes_on(
 
 STATUS = {"ok": True, "model": "m", "device": "cpu", "dtype": "fp32", "streams": 0, "capacity": 64,
           "admission_limit": 64, "capacity_estimate": 246, "chunk_ms": 1120, "encoder": "eager",
-          "decoder": "eager", "draining": False, "last_migration": None}
+          "attention": "explicit", "decoder": "eager", "draining": False, "last_migration": None}
 
 
 def test_a_handoff_says_where_its_streams_go() -> None:
@@ -110,7 +110,8 @@ def test_a_handoff_says_where_its_streams_go() -> None:
 
 def test_status_names_chunk_encoder_and_estimate() -> None:
     said = _summary("status", STATUS)
-    assert "admitting 64; real-time estimate 246" in said and "1120 ms chunks" in said and "encoder eager" in said
+    assert "admitting 64; real-time estimate 246" in said and "1120 ms chunks" in said
+    assert "encoder eager (attention: explicit), decoder eager" in said
 
 
 def test_status_says_a_stalled_engine_needs_a_restart() -> None:

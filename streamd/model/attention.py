@@ -140,7 +140,6 @@ class RelPositionMultiHeadAttention(nn.Module):
             out = torch.matmul(attn, v)
         return self.linear_out(out.transpose(1, 2).reshape(b, t, self.h * self.d_k))
 
-
     def streaming_path(self, device: torch.device) -> str:
         """How a streaming step's attention runs on `device` (without autograd): "kernel"
         (Triton), "sdpa" (the fused path) or "explicit" (NeMo's matmuls)."""
