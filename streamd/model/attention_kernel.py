@@ -34,6 +34,7 @@ except ImportError:  # the CPU build of torch comes without Triton: the referenc
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 log = logging.getLogger("streamd.engine")
 broken: str | None = None  # why the kernel failed to build in this process (it is not tried again)
+_built: set[tuple[object, ...]] = set()  # the specialisations launched once: a later failure is no build failure
 
 
 class KernelUnavailable(RuntimeError):
@@ -128,14 +129,22 @@ def window_attention(q: Tensor, keys: Tensor, values: Tensor, p: Tensor, bias_u:
     m = mask.contiguous().view(torch.uint8)
     o = order if order is not None else m  # any pointer: not read without an order
     guard = torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext()
+    kind = (q.device, q.dtype, t, n, dk, order is not None)
     try:
         with guard:  # Triton launches on the current device, whatever the tensors'
             _launch(q, keys, values, p, bias_u, bias_v, m, o, out, n, scale, order is not None)
-    except triton.TritonError as e:  # compile errors, too little shared memory, ptxas: never again here
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as e:
+        if kind in _built:
+            raise
+        # Its first launch builds it: Triton's compile errors, too little shared memory, ptxas, no C
+        # compiler for the launcher, an unwritable TRITON_CACHE_DIR. Never again in this process.
         global broken
         broken = f"{type(e).__name__}: {str(e)[:300]}"
         log.warning("attention kernel unavailable (%s): attention runs on the reference path", broken)
         raise KernelUnavailable(broken) from e
+    _built.add(kind)
     return out
 
 

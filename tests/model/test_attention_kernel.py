@@ -154,16 +154,42 @@ def test_a_kernel_that_cannot_be_built_turns_itself_off_and_the_reference_serves
     def fails(*args: object) -> None:
         raise triton.TritonError("simulated: out of shared memory")
 
+    def no_compiler(*args: object) -> None:
+        raise RuntimeError("Failed to find C compiler. Please specify via CC environment variable.")
+
     att = _attention(3, "cpu")
     query, cached, pos, mask = _inputs(4, 10, 2, "cpu")
     keys = torch.cat([cached, query], dim=1)
+    monkeypatch.setattr(attention_kernel, "_built", set())
     with torch.no_grad():
         want = att(query, keys, pos, mask)
-        monkeypatch.setattr(attention_kernel, "_launch", fails)
-        monkeypatch.setattr(attention_kernel, "broken", None)
         att.kernel = True
-        got = att(query, keys, pos, mask)
-    torch.testing.assert_close(got, want)
-    assert attention_kernel.broken and "simulated" in attention_kernel.broken
-    assert not attention_kernel.available(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
-    assert [r.levelname for r in caplog.records if "attention kernel unavailable" in r.message] == ["WARNING"]
+        for failure in (fails, no_compiler):
+            monkeypatch.setattr(attention_kernel, "_launch", failure)
+            monkeypatch.setattr(attention_kernel, "broken", None)
+            got = att(query, keys, pos, mask)
+            torch.testing.assert_close(got, want)
+            assert attention_kernel.broken and any(w in attention_kernel.broken for w in ("simulated", "C compiler"))
+            assert not attention_kernel.available(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    assert [r.levelname for r in caplog.records if "attention kernel unavailable" in r.message] == ["WARNING"] * 2
+
+
+def test_a_kernel_that_ran_and_then_fails_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failure of a kernel that has run before is no build failure (a bug, a broken GPU): it is
+    raised, not hidden behind the reference path."""
+    from streamd.model import attention_kernel
+
+    att = _attention(3, "cpu")
+    att.kernel = True
+    query, cached, pos, mask = _inputs(4, 10, 2, "cpu")
+    keys = torch.cat([cached, query], dim=1)
+    with torch.no_grad():
+        att(query, keys, pos, mask)  # built and launched
+
+        def fails(*args: object) -> None:
+            raise RuntimeError("simulated: an illegal memory access")
+
+        monkeypatch.setattr(attention_kernel, "_launch", fails)
+        with pytest.raises(RuntimeError, match="illegal memory access"):
+            att(query, keys, pos, mask)
+    assert attention_kernel.broken is None
