@@ -95,12 +95,15 @@ def test_sixty_streams_survive_a_kill_a_blip_a_drain_and_a_handoff(tmp_path: Pat
             a, b, _ = c.daemons
             a.kill()  # mid-utterance: every stream is inside its audio
             restart = asyncio.create_task(a.start())
-            await asyncio.sleep(1.0)
-            for stream in random.Random(0).sample(live, 6):  # network blip: RST, no close frame
-                if stream._ws is not None:
-                    stream._ws.transport.abort()
-            await asyncio.sleep(1.0)
-            for _ in range(100):  # a slow machine: the blipped streams of b and c resume before b hands off
+            for _ in range(300):  # a slow machine: a's streams have all moved on before the blip
+                if sum(s.replayed for s in live) >= where["a"]:
+                    break
+                await asyncio.sleep(0.1)
+            settled = [s for s in live if s.replayed == 0 and s._ws is not None]  # b's and c's own
+            for stream in random.Random(0).sample(settled, 6):  # network blip: RST, no close frame
+                assert stream._ws is not None
+                stream._ws.transport.abort()
+            for _ in range(300):  # the blipped streams resume on their daemon before b hands off
                 if sum(s.resumed for s in live) >= 1:
                     break
                 await asyncio.sleep(0.1)
