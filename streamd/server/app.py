@@ -79,6 +79,7 @@ def build_state(cfg: Config, metrics: Metrics) -> ServerState:
     def on_step(seconds: float, batch: int) -> None:  # on the engine thread
         metrics.observe_step(seconds, batch, chunk_s)
         metrics.set_graphs(rec.encoder_step.mode == GRAPHS, getattr(rec.search, "mode", EAGER) != EAGER)
+        metrics.set_attention(rec.model.encoder.attention_path())
         metrics.set_calls(rec.calls, rec.eager_calls, rec.padded_calls)
         admission.observe(seconds, batch)
 

@@ -33,6 +33,7 @@ ENDPOINT_RULES = ("silence_after_speech", "silence_without_speech", "max_utteran
 BACKLOG_ACTIONS = ("paced", "closed")
 RESUME_RESULTS = ("resumed", "fresh", "refused", "handoff")
 AUDIO_PATHS = ("shared", "inline")
+ATTENTION_PATHS = ("kernel", "sdpa", "explicit")  # `RelPositionMultiHeadAttention.streaming_path`
 
 _LATENCY_BUCKETS = (0.08, 0.16, 0.24, 0.32, 0.48, 0.64, 0.96, 1.28, 1.92, 2.56, 3.84, 5.12, 10.24)
 _STEP_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
@@ -101,6 +102,11 @@ class Metrics:
         self.graphs_in_use = Gauge(
             "cuda_graphs_in_use", "1 when the last decode step ran this part from CUDA graphs, 0 when eagerly "
             "(the admin status says why).", ["part"], namespace=ns, registry=r)
+        self.attention = Gauge(
+            "attention_path", "1 for how the engine's steps attend now: kernel (the Triton kernel, on CUDA), sdpa "
+            "(on CUDA where the kernel is off or could not be built: the log says why) or explicit (the CPU).",
+            ["path"], namespace=ns, registry=r)
+        self._attention_path = ""
         self.engine_calls = Counter(
             "engine_calls", "Encoder and decoder calls of the engine's steps (one each per step part), by whether "
             "they replayed their batch size's CUDA graphs (graphs), a larger size's, padded (padded: after a "
@@ -137,6 +143,7 @@ class Metrics:
                       self.loop_lag, self.front_cpu)
         self._remote: dict[int, list[Metric]] = {}
         self.set_graphs(False, False)
+        self.set_attention("explicit")
         self.set_calls(0, (0, 0), (0, 0))
         for counter, labels in ((self.rejections, REJECTION_REASONS),
                                 (self.resumes, RESUME_RESULTS),
@@ -162,6 +169,13 @@ class Metrics:
         """Whether the last step's encoder and decoder replayed CUDA graphs."""
         self.graphs_in_use.labels(part="encoder").set(encoder)
         self.graphs_in_use.labels(part="decoder").set(decoder)
+
+    def set_attention(self, path: str) -> None:
+        """How the last step attended (one of ATTENTION_PATHS)."""
+        if path != self._attention_path:
+            self._attention_path = path
+            for p in ATTENTION_PATHS:
+                self.attention.labels(path=p).set(p == path)
 
     def set_calls(self, calls: int, eager: tuple[int, int], padded: tuple[int, int] = (0, 0)) -> None:
         """The engine's totals so far (`Recognizer.calls`, `eager_calls`, `padded_calls`): the

@@ -6,7 +6,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from streamd.config import EndpointingConfig
 from streamd.engine.types import ChunkResult
 from streamd.session.utterances import UtteranceTracker
-from streamd.server.metrics import CONTENT_TYPE, MIGRATION_RESULTS, REJECTION_REASONS, Metrics
+from streamd.server.metrics import ATTENTION_PATHS, CONTENT_TYPE, MIGRATION_RESULTS, REJECTION_REASONS, Metrics
 
 
 def samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -28,11 +28,24 @@ def test_expected_series_exist_at_zero() -> None:
         assert got[("streamd_cuda_graphs_in_use", (("part", part),))] == 0.0
         for path in ("graphs", "padded", "eager"):
             assert got[("streamd_engine_calls_total", (("part", part), ("path", path)))] == 0.0
+    for path in ATTENTION_PATHS:  # until the first step says otherwise
+        assert got[("streamd_attention_path", (("path", path),))] == (path == "explicit")
     for reason in REJECTION_REASONS:
         assert got[("streamd_connections_rejected_total", (("reason", reason),))] == 0.0
     for result in MIGRATION_RESULTS:
         assert got[("streamd_migrations_total", (("result", result),))] == 0.0
     assert got[("streamd_endpoints_total", (("rule", "max_utterance"),))] == 0.0
+
+
+def test_attention_path_names_one_path() -> None:
+    m = Metrics(process=False)
+    m.set_attention("kernel")
+    m.set_attention("kernel")
+    got = samples(m)
+    assert [p for p in ATTENTION_PATHS if got[("streamd_attention_path", (("path", p),))] == 1.0] == ["kernel"]
+    m.set_attention("sdpa")  # the kernel could not be built: the reference serves
+    got = samples(m)
+    assert [p for p in ATTENTION_PATHS if got[("streamd_attention_path", (("path", p),))] == 1.0] == ["sdpa"]
 
 
 def test_engine_calls_count_the_increase_of_the_engines_totals_by_path() -> None:
