@@ -23,11 +23,12 @@ def _attention(seed: int, device: str) -> RelPositionMultiHeadAttention:
     return att
 
 
-def _inputs(b: int, cache: int, t: int, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(B, T, 64) queries, (B, cache, 64) cached inputs, the positional table and a random
+def _inputs(b: int, cache: int, t: int, device: str, width: int = 64
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(B, T, width) queries, (B, cache, width) cached inputs, the positional table and a random
     (B, T, cache + T) mask whose row 1 is all padding."""
-    query, cached = torch.randn(b, t, 64, device=device), torch.randn(b, cache, 64, device=device)
-    _, pos = RelPositionalEncoding(64, 500, xscaling=True).to(device)(query, cache + t)
+    query, cached = torch.randn(b, t, width, device=device), torch.randn(b, cache, width, device=device)
+    _, pos = RelPositionalEncoding(width, 500, xscaling=True).to(device)(query, cache + t)
     mask = torch.rand(b, t, cache + t, device=device) < 0.3
     mask[1] = True
     return query, cached, pos, mask

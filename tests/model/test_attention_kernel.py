@@ -32,9 +32,7 @@ def _kernel_vs_explicit(cache: int, t: int, ring: bool, device: str, dtype: torc
     with torch.no_grad():
         for p in att.parameters():
             p.normal_(0.0, 0.2)
-    query, cached, pos, mask = _inputs(b, cache, t, device) if width == 64 else (
-        torch.randn(b, t, width, device=device), torch.randn(b, cache, width, device=device),
-        *_table_and_mask(b, cache, t, width, device))
+    query, _, pos, mask = _inputs(b, cache, t, device, width)
     mask[2, 0] = True  # one fully masked query, besides row 1 all padding
     n = cache + t
     keys = torch.randn(b, n, width, device=device)
@@ -50,15 +48,6 @@ def _kernel_vs_explicit(cache: int, t: int, ring: bool, device: str, dtype: torc
         att.kernel, att.fused = False, True
         fused = att._attend(*low, mask, order)
     return got.float(), want, fused.float()
-
-
-def _table_and_mask(b: int, cache: int, t: int, width: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    from streamd.model.attention import RelPositionalEncoding
-    _, pos = RelPositionalEncoding(width, 500, xscaling=True).to(device)(torch.zeros(b, t, width, device=device),
-                                                                         cache + t)
-    mask = torch.rand(b, t, cache + t, device=device) < 0.3
-    mask[1] = True
-    return pos, mask
 
 
 @pytest.mark.parametrize("ring", [False, True], ids=["time_order", "ring"])
