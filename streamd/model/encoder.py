@@ -191,10 +191,7 @@ class ConformerEncoder(nn.Module):
                 `write_chunk`, and nothing else of a ring changes).
         Returns: (B, T_out, d), (B,) valid output frames, the next cache (with `windows`: `out`).
         """
-        x, lengths = self.pre_encode(mel.to(self._dtype), lengths, start, full)
-        if drop_extra:
-            x = x[:, drop_extra:]
-            lengths = (lengths - drop_extra).clamp(min=0)
+        x, lengths = self.pre_encode(mel.to(self._dtype), lengths, start, full, drop_extra)
         c, t = att_context[0], x.shape[1]
         if (rows is not None or windows is not None) != (cache.head is not None):
             raise ValueError("rows= and windows= step slot storage, rings (init_cache(ring=True)); "

@@ -40,3 +40,22 @@ def test_full_windows_skip_masks_without_changing_anything() -> None:
         masked, _ = pe(mel, lengths, torch.zeros(4, dtype=torch.long))
         skipped, _ = pe(mel, lengths, None, full=True)
     assert torch.equal(masked, skipped)
+
+
+def test_dropped_front_frames_are_not_computed_and_the_rest_is_unchanged() -> None:
+    """`drop` (a streaming step's 2 re-encoded frames) computes only what the kept frames read,
+    with no causal padding where real frames are there: the kept frames and lengths equal the
+    full pass's, for odd windows (the engine's), even ones (the right padding), masked starts
+    and ends, and windows too short to keep anything."""
+    pe = random_model(2).encoder.pre_encode
+    for t in (25, 121, 17, 24, 30, 9, 3):
+        for drop in (1, 2, 3):
+            mel = torch.randn(4, 80, t)
+            lengths = torch.tensor([t, t, max(t - 8, 0), min(5, t)])
+            start = torch.tensor([min(16, t - t % 8), 8 if t > 8 else 0, 0, 0])
+            with torch.no_grad():
+                whole, whole_len = pe(mel, lengths, start)
+                kept, kept_len = pe(mel, lengths, start, drop=drop)
+            assert kept.shape[1] == max(whole.shape[1] - drop, 0), (t, drop)
+            torch.testing.assert_close(kept, whole[:, drop:], rtol=1e-5, atol=1e-5)
+            assert torch.equal(kept_len, (whole_len - drop).clamp(min=0))
