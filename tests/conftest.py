@@ -1,6 +1,7 @@
 """Shared test fixtures: paths, seeded RNG, the `cuda` marker."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,11 @@ from streamd import buckets
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "nemo-tiny"  # see its README.md
+
+if not torch.cuda.is_available():
+    # Tests that turn the attention kernel on (`RelPositionMultiHeadAttention.kernel = True`) run
+    # it in Triton's CPU interpreter; Triton reads this when the kernel's module is imported.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -21,7 +21,10 @@ the first elements of each, viewed as a contiguous tensor of n rows. The channel
 buffer of its own: a step gathers the rings into the front C frames of the windows, the layers
 write the chunk's frames after them in place, and those go back into the rings (`write_chunk`;
 a separate input and next cache beside windows in the pool took 2.7x the memory: ~16 GB for a
-1024-row fp32 part of a FastConformer-L at 1120 ms chunks). All graphs
+1024-row fp32 part of a FastConformer-L at 1120 ms chunks). Where the attention kernel runs (on
+CUDA; `ConformerEncoder.reads_slots`) nothing is gathered: the windows hold only the chunk's
+frames and the kernel reads each row's cached keys and values from the slot rings in place, so
+the graphs are bound to the slot storage too (`EncoderGraphKey.rings`). All graphs
 share one private memory pool. Both are safe because buckets never run at once and a replay's
 outputs are copied out before the next replay. Of a bucket's n rows, the b real ones are copied
 in; the padded rows gather a copy of the first real stream's cache and keep earlier mel, length
@@ -32,7 +35,7 @@ ones, and only real rows are copied back.
 Validity, as for the decoder (`streamd.decoding.graphs`): graphs are bound to memory addresses.
 Before every call the step compares an `EncoderGraphKey` (device, parameter dtype, data_ptr of
 every encoder parameter and buffer, the call's attention context, mel window shape, the slot
-cache's layout) with the one the graphs were captured for; on any difference it drops every
+cache's layout and, where read in place, its storage) with the one the graphs were captured for; on any difference it drops every
 graph, the static buffers and the pool, and captures again lazily, bucket by bucket, as
 buckets are used. Nothing device-specific exists before the first call, so a plain
 `model.to(...)` (another GPU, bf16, the CPU and back) needs no notification. An in-place weight update keeps the storage, and the graphs read the new
@@ -58,8 +61,8 @@ from torch import Tensor
 from streamd import cuda_capture
 from streamd.buckets import DEFAULT_PER_OCTAVE, bucket_size, check_per_octave, padded_bucket
 from streamd.graph_keys import Storages, placement_changes
-from streamd.model.encoder import (DROP_EXTRA_PRE_ENCODED, ConformerEncoder, EncoderCache, Workspace, read_rings,
-                                   write_chunk)
+from streamd.model.attention import SlotRows
+from streamd.model.encoder import ConformerEncoder, EncoderCache, Workspace, read_rings, step_frames, write_chunk
 
 log = logging.getLogger("streamd.engine")
 
@@ -81,6 +84,7 @@ class EncoderGraphKey:
     att_context: tuple[int, int]  # the calls' argument, baked into the captured masks and cache shape
     window: tuple[int, int]  # (n_mels, W) of the mel input
     kv: bool = True  # the slot cache's layout (`EncoderCache.kv`): keys and values, or NeMo's inputs
+    rings: tuple[int, ...] = ()  # data_ptr() and shape of the slot rings the kernel reads in place (): gathered
 
     def changes_from(self, old: EncoderGraphKey | None) -> str:
         """Why graphs captured for `old` cannot serve `self` ('' when they can)."""
@@ -93,6 +97,9 @@ class EncoderGraphKey:
             why.append(f"mel window {old.window} -> {self.window}")
         if old.kv != self.kv:
             why.append("cache layout " + " -> ".join("keys/values" if kv else "inputs" for kv in (old.kv, self.kv)))
+        if old.rings != self.rings:
+            why.append("slot rings read in place" if self.rings and not old.rings else
+                       "slot rings gathered" if old.rings and not self.rings else "slot storage replaced")
         return ", ".join(why)
 
 
@@ -141,10 +148,11 @@ class _Views:
     start: Tensor  # (n,) int64
     rows: Tensor  # (n,) int64: the gather index (slot of each row)
     # (L, n, C + T_out, d or 2d): the gathered rings in the first C frames; the layers write the
-    # chunk's frames after them, which go back into the rings (`write_chunk`)
+    # chunk's frames after them, which go back into the rings (`write_chunk`). Where the kernel
+    # reads the rings in place (`EncoderGraphKey.rings`): (L, n, T_out, 2d), the chunk's only.
     windows: Tensor
-    cache: EncoderCache  # the gathered input cache: windows[:, :, :C], (L, n, d, K-1), (n,), heads (n,)
-    out: EncoderCache  # the next time cache, lengths and heads (its channel: windows[:, :, :C], unwritten)
+    cache: EncoderCache  # the gathered input cache: windows[:, :, :C] (or empty), (L, n, d, K-1), (n,), heads (n,)
+    out: EncoderCache  # the next time cache, lengths and heads (its channel: the same view, unwritten)
     enc: Tensor  # (n, T_out, d)
     enc_len: Tensor  # (n,) int64
 
@@ -156,14 +164,12 @@ class _Static:
     def __init__(self, encoder: ConformerEncoder, key: EncoderGraphKey, capacity: int) -> None:
         d, dev, dt = encoder.dims, key.device, key.dtype
         n_mels, w = key.window
-        t_out = w
-        for _ in range(3):  # the subsampling's three causal stride-2 stages
-            t_out = t_out // 2 + 1
-        t_out -= DROP_EXTRA_PRE_ENCODED
+        t_out = step_frames(w)
         self.capacity, self.kv = capacity, key.kv
+        self.cached = 0 if key.rings else key.att_context[0]  # ring frames gathered into the windows
         self.shapes: dict[str, tuple[int, ...]] = {  # per row
             "mel": (n_mels, w),
-            "windows": (d.n_layers, key.att_context[0] + t_out, d.d_model * (2 if key.kv else 1)),
+            "windows": (d.n_layers, self.cached + t_out, d.d_model * (2 if key.kv else 1)),
             "time": (d.n_layers, d.d_model, d.conv_kernel - 1), "enc": (t_out, d.d_model), "row": ()}
 
         def flat(what: str, dtype: torch.dtype) -> Tensor:
@@ -185,12 +191,13 @@ class _Static:
         (layers, frames, width), (_, dm, k) = sh["windows"], sh["time"]
         t_out = sh["enc"][0]
         windows = _front(self.windows, (layers, n, frames, width))
+        gathered = windows[:, :, :self.cached]  # empty where the kernel reads the rings in place
         return _Views(
             _front(self.mel, (n, *sh["mel"])), self.lengths[:n], self.start[:n], self.rows[:n], windows,
-            EncoderCache(windows[:, :, :frames - t_out], _front(self.time_in, (layers, n, dm, k)),
-                         self.len_in[:n], self.kv, self.head_in[:n]),
-            EncoderCache(windows[:, :, :frames - t_out], _front(self.time_out, (layers, n, dm, k)),
-                         self.len_out[:n], self.kv, self.head_out[:n]),
+            EncoderCache(gathered, _front(self.time_in, (layers, n, dm, k)), self.len_in[:n], self.kv,
+                         self.head_in[:n]),
+            EncoderCache(gathered, _front(self.time_out, (layers, n, dm, k)), self.len_out[:n], self.kv,
+                         self.head_out[:n]),
             _front(self.enc, (n, *sh["enc"])), self.enc_len[:n])
 
 
@@ -291,30 +298,38 @@ class EncoderStep:
         """Rows the static buffers hold (0: none allocated)."""
         return self._static.capacity if self._static is not None else 0
 
-    def current_key(self, mel: Tensor, att_context: tuple[int, int], kv: bool = True) -> EncoderGraphKey:
-        """The key for the encoder as it is now, a mel input (b, n_mels, W), an attention context
-        and a slot cache layout (`EncoderCache.kv`)."""
-        return self._key_for((int(mel.shape[1]), int(mel.shape[2])), att_context, kv)
+    def current_key(self, mel: Tensor, att_context: tuple[int, int], kv: bool = True,
+                    rings: Tensor | None = None) -> EncoderGraphKey:
+        """The key for the encoder as it is now, a mel input (b, n_mels, W), an attention context,
+        a slot cache layout (`EncoderCache.kv`) and the slot rings (L, S, C, w) it steps."""
+        return self._key_for((int(mel.shape[1]), int(mel.shape[2])), att_context, kv, rings)
 
-    def _key_for(self, window: tuple[int, int], att_context: tuple[int, int], kv: bool) -> EncoderGraphKey:
+    def _key_for(self, window: tuple[int, int], att_context: tuple[int, int], kv: bool,
+                 rings: Tensor | None) -> EncoderGraphKey:
         w = self.encoder.pre_encode.out.weight
-        return EncoderGraphKey(w.device, w.dtype, self._storages.pointers(), att_context, window, kv)
+        with torch.no_grad():  # as the calls run
+            in_place = rings is not None and kv and self.encoder.reads_slots(w.device, step_frames(window[1]))
+        where = (rings.data_ptr(), *rings.shape) if in_place and rings is not None else ()
+        return EncoderGraphKey(w.device, w.dtype, self._storages.pointers(), att_context, window, kv, where)
 
     def prepare(self, sizes: list[int], window: tuple[int, int], att_context: tuple[int, int],
-                room: Callable[[], bool] | None = None, kv: bool = True) -> list[int]:
+                room: Callable[[], bool] | None = None, slots: EncoderCache | None = None) -> list[int]:
         """Capture now, largest first, the graphs that calls of `sizes` rows with (n_mels, W)
-        windows and slot caches of layout `kv` would capture, while `room()` (if given) allows (a
-        migration captures its target's this way, off the engine thread, before the cut-over). A
-        size that failed is tried again on its first call (it failed beside the source's memory).
-        Returns the bucket sizes with a graph."""
+        windows over the slot state `slots` (its layout and, where the attention reads them in
+        place, its rings; None: NeMo's key/value layout, gathered) would capture, while `room()`
+        (if given) allows (a migration captures its target's this way, off the engine thread,
+        before the cut-over, over the slot state staged for it). A size that failed is tried
+        again on its first call (it failed beside the source's memory). Returns the bucket sizes
+        with a graph."""
         device = self.encoder.pre_encode.out.weight.device
         if self.requested == EAGER or self.encoder.training or not self.backend.supports(device):
             return []
-        key = self._key_for(window, att_context, kv)
+        key = self._key_for(window, att_context, True if slots is None else slots.kv,
+                            None if slots is None else slots.channel)
         for size in sorted({bucket_size(b, self.per_octave) for b in sizes if b > 0}, reverse=True):
             if room is not None and not room():
                 break
-            self._bucket(key, size)
+            self._bucket(key, size, rings=None if slots is None else slots.channel)
         self._failed.clear()
         return self.buckets
 
@@ -358,8 +373,8 @@ class EncoderStep:
             now = time.monotonic()
             self.used_at[bucket_size(b, self.per_octave)] = now
             spaced, captures = now - self._captured_at < self.capture_spacing_s, self.captures
-            bucket = self._bucket(self.current_key(mel, att_context, cache.kv), b,
-                                  capture=not (self.hold_captures or spaced))
+            bucket = self._bucket(self.current_key(mel, att_context, cache.kv, cache.channel), b,
+                                  capture=not (self.hold_captures or spaced), rings=cache.channel)
             if bucket is None:
                 why = HELD if self.hold_captures else SPACED.format(self.capture_spacing_s) if spaced else ""
                 self._why_eager = self._failed.get(bucket_size(b, self.per_octave), why)
@@ -393,22 +408,26 @@ class EncoderStep:
         v.rows[:b].copy_(rows)
         if n > b:
             v.rows[b:].copy_(rows[:1].expand(n - b))
-        read_rings(cache.channel, v.rows, v.cache.channel)
+        if v.cache.channel.shape[2]:  # else the kernel reads the rings in place
+            read_rings(cache.channel, v.rows, v.cache.channel)
         torch.index_select(cache.time, 1, v.rows, out=v.cache.time)
         torch.index_select(cache.channel_len, 0, v.rows, out=v.cache.channel_len)
         assert cache.head is not None and v.cache.head is not None and v.out.head is not None
         torch.index_select(cache.head, 0, v.rows, out=v.cache.head)
         bucket.graph.replay()
-        write_chunk(cache.channel, rows * v.cache.channel.shape[2], v.cache.head[:b], v.windows[:, :b])
+        t = v.enc.shape[1]
+        write_chunk(cache.channel, rows * cache.channel.shape[2], v.cache.head[:b], v.windows[:, :b, -t:])
         cache.time.index_copy_(1, rows, v.out.time[:, :b])
         cache.channel_len.index_copy_(0, rows, v.out.channel_len[:b])
         cache.head.index_copy_(0, rows, v.out.head[:b])
         return v.enc[:b].clone(), v.enc_len[:b].clone()
 
     # -- graphs ------------------------------------------------------------------------------
-    def _bucket(self, key: EncoderGraphKey, b: int, capture: bool = True) -> _Bucket | None:
+    def _bucket(self, key: EncoderGraphKey, b: int, capture: bool = True, rings: Tensor | None = None
+                ) -> _Bucket | None:
         """The graph of b rows' bucket under `key` (captured now if need be and `capture`; else,
-        or if its capture failed, a larger captured one, `_padded`; None: it runs eagerly)."""
+        or if its capture failed, a larger captured one, `_padded`; None: it runs eagerly).
+        `rings`: the slot rings a graph reads in place where `key.rings` says so."""
         why = key.changes_from(self._key)
         if why:
             self._drop()
@@ -421,14 +440,14 @@ class EncoderStep:
             bucket = self._padded(size, near=True)  # near its bucket, as the move's `buckets.cover` was
         if bucket is None and (not capture or size in self._failed):
             return self._padded(b)
-        return bucket if bucket is not None else self._capture(key, size)
+        return bucket if bucket is not None else self._capture(key, size, rings if key.rings else None)
 
     def _padded(self, b: int, near: bool = False) -> _Bucket | None:
         """A captured bucket for b rows, padded (`streamd.buckets.padded_bucket`; None: none)."""
         size = padded_bucket(b, self._buckets, near)
         return self._buckets[size] if size is not None else None
 
-    def _capture(self, key: EncoderGraphKey, size: int) -> _Bucket | None:
+    def _capture(self, key: EncoderGraphKey, size: int, rings: Tensor | None) -> _Bucket | None:
         t0 = time.perf_counter()
         try:  # DEVICE_LOCK: no other thread's synchronize or capture meanwhile (`streamd.cuda_capture`)
             with cuda_capture.DEVICE_LOCK, _plain(key.device):
@@ -436,7 +455,7 @@ class EncoderStep:
                     self._grow(key, size)
                 assert self._static is not None
                 views = self._static.views(size)
-                graph = self.backend.capture(key.device, partial(self._body, views, key.att_context), self._pool)
+                graph = self.backend.capture(key.device, partial(self._body, views, key.att_context, rings), self._pool)
         except Exception as e:  # noqa: BLE001 - no graph for this bucket: it runs eagerly
             self.fallbacks += 1
             self.fallback_reason = (f"CUDA graph capture failed for batch {size} "
@@ -467,10 +486,12 @@ class EncoderStep:
         self._static = _Static(self.encoder, key, rows)
         self._pool = self.backend.new_pool(key.device)
 
-    def _body(self, v: _Views, att_context: tuple[int, int]) -> None:
-        """What a graph runs: the encoder on the static buffers, outputs into static buffers."""
+    def _body(self, v: _Views, att_context: tuple[int, int], rings: Tensor | None) -> None:
+        """What a graph runs: the encoder on the static buffers (and the slot rings, read in place
+        by the attention kernel, where `rings`), outputs into static buffers."""
         x, x_len, _ = self.encoder.streaming_forward(v.mel, v.lengths, v.cache, att_context, start=v.start, out=v.out,
-                                                     windows=v.windows)
+                                                     windows=v.windows,
+                                                     slots=None if rings is None else SlotRows(rings, v.rows))
         v.enc.copy_(x)
         v.enc_len.copy_(x_len)
 

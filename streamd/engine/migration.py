@@ -278,9 +278,10 @@ class PreparedSteps:
 
 
 def prepare_steps(rec: Recognizer, target: Transducer, sizes: list[tuple[list[int], list[int]]],
-                  room: Callable[[], bool] | None = None) -> PreparedSteps:
+                  room: Callable[[], bool] | None = None, slots: EncoderCache | None = None) -> PreparedSteps:
     """The target's encoder step and search (the recognizer's factories), with the graphs of the
-    batch sizes `sizes` captured now, off the engine thread, while `room()` (if given) allows:
+    batch sizes `sizes` over the slot state `slots` (`stage_cache`'s, which the cut-over fills)
+    captured now, off the engine thread, while `room()` (if given) allows:
     groups (`Recognizer.graph_sizes()`: the encoder's and the decoder's) in order, and in a
     group the encoder's and the decoder's sizes in turn, each largest first, of each group only
     a cover (`_in_turn`: a step needs both graphs; encoder sizes first in full left the decoder
@@ -311,7 +312,7 @@ def prepare_steps(rec: Recognizer, target: Transducer, sizes: list[tuple[list[in
             if stopped:
                 break
             if part == "encoder":
-                enc = encoder_step.prepare([size], rec.mel_window, rec.att_context, allowed, rec.kv_cache)
+                enc = encoder_step.prepare([size], rec.mel_window, rec.att_context, allowed, slots)
             elif prepare is not None:
                 dec = prepare([size], allowed)
     graphs = f"encoder {len(enc)}, decoder {len(dec)}" if enc or dec else ""
@@ -477,7 +478,7 @@ async def migrate(engine: Host, master: Transducer, device: torch.device | None,
             pace()
             return guard.room()
 
-        steps = await _prepare(_off_legacy, dev, prepare_steps, rec, target, in_use, room)
+        steps = await _prepare(_off_legacy, dev, prepare_steps, rec, target, in_use, room, staged)
         report.prepare_ms = (time.perf_counter() - t0) * 1000
         report.paced_ms, report.behind_ms = pace.waited * 1000, pace.waited_behind * 1000
         report.recapture_ms, report.graphs = steps.capture_ms - report.paced_ms, steps.graphs

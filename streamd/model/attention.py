@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -39,6 +40,19 @@ class RelPositionalEncoding(nn.Module):
             length = n_keys
         pos = self.pe[length - n_keys: length + n_keys - 1].to(x.dtype)
         return x * self.xscale, pos.unsqueeze(0)
+
+
+@dataclass(frozen=True)
+class SlotRows:
+    """Where a batch's cached keys and values are read in place (by the attention kernel):
+    row b's C frames are slot rows[b] of `rings`, (S, C, 2d) keys then values for one layer,
+    or (L, S, C, 2d) for all of them (`layer`)."""
+
+    rings: Tensor
+    rows: Tensor  # (B,) int64
+
+    def layer(self, i: int) -> SlotRows:
+        return SlotRows(self.rings[i], self.rows)
 
 
 class RelPositionMultiHeadAttention(nn.Module):
@@ -86,40 +100,53 @@ class RelPositionMultiHeadAttention(nn.Module):
         return self._attend(query, self.linear_k(keys), self.linear_v(keys), pos_emb, mask, order)
 
     def forward_cached(self, query: Tensor, window: Tensor, pos_emb: Tensor, mask: Tensor,
-                       order: Tensor | None = None) -> Tensor:
+                       order: Tensor | None = None, slots: SlotRows | None = None) -> Tensor:
         """The same attention with the cached frames already projected: only the query frames go
         through `linear_k` and `linear_v`. Relative positions enter through `linear_pos` and the
         u/v biases, never through the keys, so a frame's key and value do not change as it ages.
 
         Args: window: (B, n, 2d) whose first C = n - T frames hold the cached frames' keys then
         values (in time order, or a ring's: `order`); the query's keys and values are written
-        into its last T frames (in place: nothing is concatenated). The rest as `forward`.
+        into its last T frames (in place: nothing is concatenated). With `slots`, window is
+        (B, T, 2d), the chunk's frames only, and the C cached ones are read where they are kept
+        (the kernel reads them in place; the reference paths gather them). The rest as `forward`.
         Returns: (B, T, d)."""
         t, d = query.shape[1], window.shape[-1] // 2
         new = window[:, window.shape[1] - t:]
         new[..., :d] = self.linear_k(query)
         new[..., d:] = self.linear_v(query)
-        return self._attend(query, window[..., :d], window[..., d:], pos_emb, mask, order)
+        return self._attend(query, window[..., :d], window[..., d:], pos_emb, mask, order, slots)
 
     def _attend(self, query: Tensor, keys: Tensor, values: Tensor, pos_emb: Tensor, mask: Tensor,
-                order: Tensor | None) -> Tensor:
+                order: Tensor | None, slots: SlotRows | None = None) -> Tensor:
         """Scores and outputs from the query's input and the projected (B, n, d) keys and values
         (in time order, or in `order`'s: attention weighs keys and values as a set, so only the
-        positional term, computed by relative distance in time, needs permuting)."""
+        positional term, computed by relative distance in time, needs permuting). With `slots`,
+        keys and values are the window's last frames and its first C are the slots' (SlotRows)."""
         b, t, _ = query.shape
-        n = keys.shape[1]
         q = self.linear_q(query).view(b, t, self.h, self.d_k)
         p = self.linear_pos(pos_emb).view(-1, self.h, self.d_k)  # (2n-1, H, dk)
         scale = 1.0 / math.sqrt(self.d_k)
         if self._kernel(query):
             from streamd.model.attention_kernel import KernelUnavailable, window_attention
             try:
-                out = window_attention(q, keys.view(b, n, self.h, self.d_k), values.view(b, n, self.h, self.d_k),
-                                       p, self.pos_bias_u, self.pos_bias_v, mask, order, scale)
+                if slots is None:
+                    out = window_attention(q, self._heads(keys), self._heads(values), p, self.pos_bias_u,
+                                           self.pos_bias_v, mask, order, scale)
+                else:
+                    d = keys.shape[-1]
+                    out = window_attention(q, self._heads(slots.rings[..., :d]), self._heads(slots.rings[..., d:]), p,
+                                           self.pos_bias_u, self.pos_bias_v, mask, order, scale, self._heads(keys),
+                                           self._heads(values), slots.rows)
             except KernelUnavailable:
                 pass  # logged once; this process attends on the reference path from now on
             else:
                 return self.linear_out(out.view(b, t, self.h * self.d_k))
+        if slots is not None:  # the reference paths: the cached frames gathered in front
+            d = keys.shape[-1]
+            cached = slots.rings.index_select(0, slots.rows)
+            keys, values = torch.cat([cached[..., :d], keys], dim=1), torch.cat([cached[..., d:], values], dim=1)
+        n = keys.shape[1]
         k = keys.view(b, n, self.h, self.d_k).transpose(1, 2)  # (B, H, n, dk)
         v = values.view(b, n, self.h, self.d_k).transpose(1, 2)
         fused = query.is_cuda if self.fused is None else self.fused
@@ -140,6 +167,10 @@ class RelPositionMultiHeadAttention(nn.Module):
             out = torch.matmul(attn, v)
         return self.linear_out(out.transpose(1, 2).reshape(b, t, self.h * self.d_k))
 
+    def _heads(self, x: Tensor) -> Tensor:
+        """(..., d) -> (..., H, dk), a view."""
+        return x.view(*x.shape[:-1], self.h, self.d_k)
+
     def streaming_path(self, device: torch.device) -> str:
         """How a streaming step's attention runs on `device` (without autograd): "kernel"
         (Triton), "sdpa" (the fused path) or "explicit" (NeMo's matmuls)."""
@@ -147,9 +178,13 @@ class RelPositionMultiHeadAttention(nn.Module):
             return "kernel"
         return "sdpa" if (device.type == "cuda" if self.fused is None else self.fused) else "explicit"
 
+    def uses_kernel(self, device: torch.device, queries: int) -> bool:
+        """Whether a call with `queries` query frames on `device` runs the Triton kernel now
+        (under the caller's autograd mode; see the class docstring)."""
+        return self._kernel_for(device, queries, torch.is_grad_enabled())
+
     def _kernel(self, query: Tensor) -> bool:
-        """Whether this call runs the Triton kernel (see the class docstring)."""
-        return self._kernel_for(query.device, query.shape[1], torch.is_grad_enabled())
+        return self.uses_kernel(query.device, query.shape[1])
 
     def _kernel_for(self, device: torch.device, queries: int, grad: bool) -> bool:
         if self.kernel is False or queries > KERNEL_MAX_QUERIES:

@@ -5,7 +5,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from streamd.model.attention import RelPositionMultiHeadAttention
+from streamd.model.attention import RelPositionMultiHeadAttention, SlotRows
 from streamd.model.dims import ModelDims
 
 
@@ -80,10 +80,11 @@ class ConformerLayer(nn.Module):
 
     def forward(self, x: Tensor, pos_emb: Tensor, att_mask: Tensor, pad_mask: Tensor,
                 window: Tensor | None, cache_time: Tensor | None, kv: bool = False,
-                order: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+                order: Tensor | None = None, slots: SlotRows | None = None) -> tuple[Tensor, Tensor | None]:
         """x: (B, T, d); window: (B, C + T, w) whose first C frames hold what the attention keeps
         of earlier frames: their normalised inputs (w = d) or, with `kv`, their keys then values
-        (w = 2d); this chunk's own are written into its last T frames, in place.
+        (w = 2d); this chunk's own are written into its last T frames, in place. With `slots`
+        (and `kv`): window is (B, T, 2d) and the C cached frames are the slots' (read in place).
         cache_time: (B, d, K-1). order: (B, C + T) the time index of each window frame when the
         cached ones are a ring (`encoder.ring_order`; None: time order, and the window's last C
         frames are the next cache). Returns x and the next time cache (None without caches)."""
@@ -92,7 +93,7 @@ class ConformerLayer(nn.Module):
         if window is None:
             att = self.self_attn(xn, xn, pos_emb, att_mask)
         elif kv:
-            att = self.self_attn.forward_cached(xn, window, pos_emb, att_mask, order)
+            att = self.self_attn.forward_cached(xn, window, pos_emb, att_mask, order, slots)
         else:
             window[:, window.shape[1] - xn.shape[1]:] = xn
             att = self.self_attn(xn, window, pos_emb, att_mask, order)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from streamd.model.attention import RelPositionalEncoding
+from streamd.model.attention import RelPositionalEncoding, RelPositionMultiHeadAttention, SlotRows
 from streamd.model.conformer import ConformerLayer
 from streamd.model.dims import ModelDims
 from streamd.model.subsampling import CausalSubsampling
@@ -55,6 +55,14 @@ class EncoderCache:
             self.head.copy_(src.head)
 
 
+def step_frames(mel_frames: int, drop_extra: int = DROP_EXTRA_PRE_ENCODED) -> int:
+    """Encoder frames a streaming step of a `mel_frames`-wide mel window gives: three causal
+    stride-2 stages, then `drop_extra` dropped."""
+    for _ in range(3):
+        mel_frames = mel_frames // 2 + 1
+    return max(mel_frames - drop_extra, 0)
+
+
 def ring_order(head: Tensor, c: int, t: int) -> Tensor:
     """(B, C + T) int64: the time index of each frame of a window whose first C frames are a
     ring with its oldest frame at `head` (B,), and whose last T are the chunk's (in time order):
@@ -78,19 +86,19 @@ def read_rings(channel: Tensor, rows: Tensor, out: Tensor, per_layer: bool | Non
         torch.index_select(flat[layer], 0, rows, out=out[layer].view(n, c * w))
 
 
-def write_chunk(channel: Tensor, base: Tensor, head: Tensor, windows: Tensor) -> None:
-    """Write the chunk's frames of `windows` (L, B, C + T, w), its last T, into the rings of
-    `channel` (L, S, C, w): row b's ring starts at frame base[b] of the flattened (L, S * C, w)
-    view and its oldest frame is at head[b] (before this step); frame k of the chunk replaces
-    the oldest but k, at (head + k) % C (of more than C new frames, the last C)."""
+def write_chunk(channel: Tensor, base: Tensor, head: Tensor, chunk: Tensor) -> None:
+    """Write a step's frames `chunk` (L, B, T, w) into the rings of `channel` (L, S, C, w): row
+    b's ring starts at frame base[b] of the flattened (L, S * C, w) view and its oldest frame is
+    at head[b] (before this step); frame k of the chunk replaces the oldest but k, at
+    (head + k) % C (of more than C new frames, the last C)."""
     n_layers, slots, c, w = channel.shape
-    t = windows.shape[2] - c
+    t = chunk.shape[2]
     if c == 0:  # no left context: nothing is kept
         return
     first = max(0, t - c)
     k = torch.arange(first, t, device=head.device)
     at = (base[:, None] + (head[:, None] + k) % c).reshape(-1)
-    channel.view(n_layers, slots * c, w).index_copy_(1, at, windows[:, :, c + first:].reshape(n_layers, -1, w))
+    channel.view(n_layers, slots * c, w).index_copy_(1, at, chunk[:, :, first:].reshape(n_layers, -1, w))
 
 
 class Workspace:
@@ -157,8 +165,8 @@ class ConformerEncoder(nn.Module):
     def streaming_forward(self, mel: Tensor, lengths: Tensor, cache: EncoderCache, att_context: tuple[int, int],
                           drop_extra: int = DROP_EXTRA_PRE_ENCODED, start: Tensor | None = None,
                           full: bool = False, out: EncoderCache | None = None, rows: Tensor | None = None,
-                          work: Workspace | None = None, windows: Tensor | None = None
-                          ) -> tuple[Tensor, Tensor, EncoderCache]:
+                          work: Workspace | None = None, windows: Tensor | None = None,
+                          slots: SlotRows | None = None) -> tuple[Tensor, Tensor, EncoderCache]:
         """One cache-aware step.
 
         Each layer attends over a window of (C + T) frames: the C cached ones, then this chunk's
@@ -166,6 +174,9 @@ class ConformerEncoder(nn.Module):
         window's last C frames are the next cache. Slot storage keeps rings (`EncoderCache.head`):
         the window's first C frames are the ring as stored, the scores and mask are permuted to
         it (`ring_order`), and only the chunk's frames go back, over the oldest (`write_chunk`).
+        Where the attention kernel runs (`reads_slots`), a key/value ring is not copied at all:
+        the windows hold only the chunk's T frames and the kernel reads the C cached ones from
+        the slots (`SlotRows`).
 
         Args:
             mel: (B, n_mels, T_in): the previous step's last 9 mel frames then the new ones.
@@ -180,8 +191,8 @@ class ConformerEncoder(nn.Module):
             full: the caller knows that every row is complete (start all 0, lengths all T_in),
                 which spares the subsampling's masking.
             rows: (B,) int64: `cache` holds many streams' slots (batch S) and row b is slot
-                rows[b]; the step reads those slots straight into the windows and writes their
-                next state back into them, in place (`cache` is returned).
+                rows[b]; the step reads those slots (into the windows, or in place) and writes
+                their next state back into them, in place (`cache` is returned).
             work: with `rows`, buffers reused across calls for the windows (`Workspace`).
             windows: with `out`: the caller's (L, B, C + T_out, d or 2d) windows, whose first C
                 frames are the rows' rings, gathered there by the caller with their heads in
@@ -189,6 +200,9 @@ class ConformerEncoder(nn.Module):
                 frames after them; `out`'s time, channel_len and head receive the next ones (its
                 channel is not written: the caller puts the chunk's frames into its rings with
                 `write_chunk`, and nothing else of a ring changes).
+            slots: with `windows` of (L, B, T_out, 2d), the chunk's frames only: the slot rings
+                (L, S, C, 2d) and each row's slot, the cached keys and values read in place
+                (`cache.channel` is not read; its time, channel_len and head are the rows').
         Returns: (B, T_out, d), (B,) valid output frames, the next cache (with `windows`: `out`).
         """
         x, lengths = self.pre_encode(mel.to(self._dtype), lengths, start, full, drop_extra)
@@ -207,30 +221,37 @@ class ConformerEncoder(nn.Module):
         if head is not None:
             order = ring_order(head, c, t)
             att_mask = att_mask.gather(2, order[:, None].expand(att_mask.shape))
-        shape = (cache.channel.shape[0], x.shape[0], c + t, cache.channel.shape[-1])
+        layers, width = cache.channel.shape[0], cache.channel.shape[-1]
+        shape = (layers, x.shape[0], c + t, width)
         if windows is not None:
+            if slots is not None:
+                shape = (layers, x.shape[0], t, width)
             if out is None or out.head is None or rows is not None or tuple(windows.shape) != shape:
                 raise ValueError(f"windows {tuple(windows.shape)} go with ring `out`, without `rows`, shaped {shape}")
             time = cache.time
-        elif out is not None:
-            raise ValueError("`out` goes with `windows`")
+        elif out is not None or slots is not None:
+            raise ValueError("`out` and `slots` go with `windows`")
         elif rows is None:
             windows = cache.channel.new_empty(shape)
             windows[:, :, :c] = cache.channel
             time = cache.time
         else:
+            if cache.kv and self.reads_slots(cache.channel.device, t):
+                slots, shape = SlotRows(cache.channel, rows), (layers, x.shape[0], t, width)
             windows = work.take(shape, cache.channel) if work is not None else cache.channel.new_empty(shape)
-            read_rings(cache.channel, rows, windows[:, :, :c])
+            if slots is None:
+                read_rings(cache.channel, rows, windows[:, :, :c])
             time = cache.time.index_select(1, rows)
         times = []
         for i, layer in enumerate(self.layers):
-            x, tm = layer(x, pos, att_mask, pad_mask, windows[i], time[i], cache.kv, order)
+            x, tm = layer(x, pos, att_mask, pad_mask, windows[i], time[i], cache.kv, order,
+                          None if slots is None else slots.layer(i))
             times.append(tm)
         channel_len = (channel_len + t).clamp(max=c)
         if head is None:
             return x, lengths, EncoderCache(windows[:, :, t:], torch.stack(times), channel_len, cache.kv)
         if rows is not None and cache.head is not None:
-            write_chunk(cache.channel, rows * c, head, windows)
+            write_chunk(cache.channel, rows * c, head, windows[:, :, windows.shape[2] - t:])
             cache.time.index_copy_(1, rows, torch.stack(times))
             cache.channel_len.index_copy_(0, rows, channel_len)
             cache.head.index_copy_(0, rows, (head + t) % max(c, 1))
@@ -242,6 +263,12 @@ class ConformerEncoder(nn.Module):
         out.channel_len.copy_(channel_len)
         out.head.copy_((head + t) % max(c, 1))
         return x, lengths, out
+
+    def reads_slots(self, device: torch.device, frames: int) -> bool:
+        """Whether a step of `frames` encoder frames on `device` attends with the kernel, which
+        reads slot storage's cached keys and values in place (`SlotRows`; no window copy)."""
+        attention: RelPositionMultiHeadAttention = self.layers[0].self_attn  # type: ignore[assignment]
+        return attention.uses_kernel(device, frames)
 
     def attention_path(self) -> str:
         """How streaming steps attend where the encoder is: "kernel", "sdpa" or "explicit"

@@ -18,6 +18,7 @@ from streamd.decoding.greedy import GreedyLabelLooping
 from streamd.engine.encoder_step import EAGER, GRAPHS, EncoderGraphBackend, EncoderGraphKey, EncoderStep
 from streamd.engine.recognizer import Recognizer
 from streamd.engine.types import ChunkGeometry
+from streamd.model.attention import RelPositionMultiHeadAttention
 from streamd.model.encoder import EncoderCache, read_rings, write_chunk
 from streamd.model.transducer import Transducer
 
@@ -69,8 +70,8 @@ class FakeBackend(EncoderGraphBackend):
         self.releases += 1
 
 
-def model(seed: int = 3) -> Transducer:
-    return random_model(seed, att_context_sizes=CONTEXT)
+def model(seed: int = 3, **kw: Any) -> Transducer:
+    return random_model(seed, att_context_sizes=CONTEXT, **kw)
 
 
 def graph_step(m: Transducer, backend: Any = None, **kw: Any) -> EncoderStep:
@@ -159,6 +160,10 @@ def test_key_changes_name_every_difference() -> None:
     assert "attention context [70, 1] -> [70, 13]" in k.changes_from(_key(att_context=(70, 1)))
     assert "mel window (80, 25) -> (80, 121)" in k.changes_from(_key(window=(80, 25)))
     assert "cache layout inputs -> keys/values" in k.changes_from(_key(kv=False))
+    in_place = _key(rings=(7, 64, 70, 1024))
+    assert "slot rings read in place" in in_place.changes_from(k)
+    assert "slot rings gathered" in k.changes_from(in_place)
+    assert "slot storage replaced" in in_place.changes_from(_key(rings=(9, 64, 70, 1024)))
 
 
 def test_current_key_reads_the_model() -> None:
@@ -279,6 +284,38 @@ def test_fake_graphs_equal_eager_with_ragged_windows_and_random_rows(per_octave:
     assert graphs.mode == GRAPHS and eager.mode == EAGER and eager.key is None
     assert graphs.key is not None and graphs.key.kv == kv and got[1][1].kv == kv
     assert graphs._static is not None and graphs._static.shapes["windows"][2] == m.dims.d_model * (2 if kv else 1)
+
+
+def test_with_the_attention_kernel_graphs_read_the_slot_rings_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the attention kernel runs (here in Triton's interpreter), a graph's windows hold only
+    the chunk's frames and the kernel reads the cached keys and values from the slot rings in
+    place (the key names the rings' storage): the same outputs and slot state as the eager step
+    on the reference path (which gathers them) and as the eager step on the kernel (in place
+    too). An input cache (NeMo's layout) still gathers its windows."""
+    pytest.importorskip("triton")
+    m = model(d_model=32, n_heads=2)  # heads of 16: the kernel's smallest
+
+    def kernel(on: bool, step: EncoderStep) -> Any:
+        def call(*args: Any, **kw: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            monkeypatch.setattr(RelPositionMultiHeadAttention, "kernel", on)
+            return step(*args, **kw)
+        return call
+
+    steps = [EncoderStep(m.encoder, EAGER), graph_step(m), EncoderStep(m.encoder, EAGER), graph_step(m)]
+    got = simulate([kernel(on, s) for on, s in zip((False, True, True, True), steps)], m, slots=6, chunks=4,
+                   seed=4, kv=[True, True, True, False])
+    for k in (1, 2):
+        assert_same(got, got, k)
+    for (ea, la), (eb, lb) in zip(got[0][0], got[0][3]):
+        assert torch.equal(la, lb)
+        torch.testing.assert_close(eb, ea, rtol=1e-5, atol=1e-5)
+    in_place, gathered = steps[1], steps[3]
+    t = got[0][0][0][0].shape[1]
+    rings = got[1][1].channel
+    assert in_place.key is not None and in_place.key.rings == (rings.data_ptr(), *rings.shape)
+    assert in_place._static is not None and in_place._static.shapes["windows"][1] == t
+    assert gathered.key is not None and gathered.key.rings == ()
+    assert gathered._static is not None and gathered._static.shapes["windows"][1] == CONTEXT[0][0] + t
 
 
 def test_both_cache_layouts_give_the_same_outputs() -> None:
@@ -608,7 +645,7 @@ def test_a_step_in_the_callers_windows_equals_the_eager_slot_step() -> None:
         y, y_len, nxt = m.encoder.streaming_forward(mel, lengths, given, CONTEXT[0], start=start, out=out,
                                                     windows=windows)
         assert nxt is out and out.head is not None and given.head is not None
-        write_chunk(mine.channel, rows * c, given.head, windows)
+        write_chunk(mine.channel, rows * c, given.head, windows[:, :, c:])
         mine.time.index_copy_(1, rows, out.time)
         mine.channel_len.index_copy_(0, rows, out.channel_len)
         mine.head.index_copy_(0, rows, out.head)

@@ -3,18 +3,14 @@ CPU through Triton's interpreter (CI), compiled on CUDA; and a streaming encoder
 matches NeMo's chunks."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when Triton compiles the kernel's module
-pytest.importorskip("triton")
+pytest.importorskip("triton")  # on a CPU-only machine, its interpreter runs the kernel (conftest.py)
 
 import test_nemo_parity as nemo_parity  # noqa: E402
 from helpers import random_model  # noqa: E402
-from streamd.model.attention import RelPositionMultiHeadAttention  # noqa: E402
+from streamd.model.attention import RelPositionMultiHeadAttention, SlotRows  # noqa: E402
 from streamd.model.dims import PRE_ENCODE_CACHE  # noqa: E402
 from streamd.model.encoder import ring_order  # noqa: E402
 from test_attention import CASES, _attention, _inputs  # noqa: E402
@@ -60,6 +56,33 @@ def test_kernel_equals_the_explicit_attention(cache: int, t: int, ring: bool) ->
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("cache,t", KERNEL_CASES)
+def test_cached_keys_and_values_read_from_slots_in_place(cache: int, t: int) -> None:
+    """`forward_cached` with `SlotRows`: the window holds only the chunk's frames and the cached
+    keys and values stay in the slots' rings (rows in any order, one repeated: a bucket's padded
+    rows; a column of the step's metadata, not contiguous). With the kernel reading them in place, and on the reference path (which gathers
+    them), it equals the explicit attention over the gathered window, in ring order, fp32."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    att = _attention(7, device)
+    b = 5
+    query, _, pos, mask = _inputs(b, cache, t, device)
+    rings = torch.randn(9, cache, 128, device=device)
+    rows = torch.tensor([[4, 1], [0, 1], [8, 1], [4, 1], [2, 1]], device=device)[:, 0]  # strided, as a step's
+    order = ring_order(torch.randint(0, max(cache, 1), (b,), device=device), cache, t)
+    with torch.no_grad():
+        att.fused = False
+        want = att.forward_cached(query, torch.cat([rings[rows], torch.empty(b, t, 128, device=device)], 1), pos,
+                                  mask, order)
+        for kernel in (True, False):
+            att.kernel = kernel
+            chunk = torch.full((b, t, 128), float("nan"), device=device)
+            before = rings.clone()
+            got = att.forward_cached(query, chunk, pos, mask, order, SlotRows(rings, rows))
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+            assert torch.equal(rings, before)  # read, never written
+            torch.testing.assert_close(chunk, torch.cat([att.linear_k(query), att.linear_v(query)], -1))
+
+
 def test_the_kernel_runs_only_where_it_may() -> None:
     """By default: CUDA steps without autograd and with few query frames; never when told not to."""
     att = _attention(0, "cpu")
@@ -77,14 +100,15 @@ def test_the_kernel_runs_only_where_it_may() -> None:
 @pytest.mark.parametrize("context", [(70, 1), (70, 13)])
 def test_a_streaming_encoder_over_slot_rings_gives_the_same_frames_with_the_kernel(context: tuple[int, int]) -> None:
     """Three streams in ring slots, joining at different steps (so their rings' heads differ),
-    stepped with every attention on the kernel and on the explicit path: the same frames, fp32."""
+    stepped with every attention on the kernel (reading the cached keys and values from the
+    rings in place) and on the explicit path (gathering them): the same frames, fp32."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     m = random_model(5, d_model=64).to(device)  # heads of 16: the kernel's smallest
     width = PRE_ENCODE_CACHE + 8 * (context[1] + 1)
     rings = {on: m.encoder.init_cache(3, context, device, torch.float32, kv=True, ring=True) for on in (False, True)}
     gen = torch.Generator().manual_seed(0)
     RelPositionMultiHeadAttention.kernel = True
-    assert m.encoder.layers[0].self_attn._kernel(torch.zeros(1, context[1] + 1, 64, device=device))
+    assert m.encoder.reads_slots(torch.device(device), context[1] + 1)  # the rings read in place
     try:
         with torch.no_grad():
             for step in range(9):
