@@ -22,9 +22,10 @@ class CausalSubsampling(nn.Module):
     """(B, n_mels, T) log-mel -> (B, T', d_model), T' = T // 8 + 1.
 
     `conv` indices follow NeMo's state dict: 0 conv, 2/5 depthwise, 3/6 pointwise (1/4/7 ReLU).
-    Rows outside [start, length) are zeroed before every strided conv (NeMo's
+    Rows outside [start, length) are zeroed before every strided conv and at the end (NeMo's
     MaskedConvSequential masks the right end; the left `start` lets a stream's first chunk sit
-    in a uniform-width window exactly as if the conv's own zero padding were there).
+    in a uniform-width window exactly as if the conv's own zero padding were there); after the
+    first conv, with the ReLU before it, in one pass.
     """
 
     def __init__(self, dims: ModelDims) -> None:
@@ -54,21 +55,19 @@ class CausalSubsampling(nn.Module):
             frames = frames // 2 + 1
         needed = _first_needed(drop) if frames > drop else [0, 0, 0, 0]  # too short: all of it, then nothing
         x = mel.transpose(1, 2).unsqueeze(1)[:, :, needed[0]:]  # (B, 1, T, F) from the first needed frame
+        if not full:
+            x = x * _row_mask(x, lengths, start, needed[0])
         stage = 0
         for layer in self.conv:
             if isinstance(layer, nn.Conv2d) and layer.stride == (2, 2):  # 0, 2, 5
-                if not full:
-                    x = x * _row_mask(x, lengths, start, needed[stage])
                 lengths = stage_length(lengths)
                 start = None if start is None else start // 2
                 stage += 1
                 x = _causal_strided_conv(layer, x, trimmed=needed[stage] > 0)
-            elif isinstance(layer, nn.ReLU):
-                x = torch.relu_(x)  # in place: the activation is fresh, nothing else holds it
+            elif isinstance(layer, nn.ReLU):  # each is followed by a strided conv or the end: the rows masked here
+                x = torch.relu_(x) if full else _relu_rows(x, lengths, start, needed[stage])
             else:
                 x = layer(x)
-        if not full:
-            x = x * _row_mask(x, lengths, start, needed[3])
         x = x[:, :, drop - needed[3]:]
         b, c, t, f = x.shape
         return self.out(x.transpose(1, 2).reshape(b, t, c * f)), (lengths - drop).clamp(min=0)
@@ -97,6 +96,13 @@ def _causal_strided_conv(conv: nn.Conv2d, x: Tensor, trimmed: bool = False) -> T
         x = F.pad(x, (0, 0, 0, 1))
     y = F.conv2d(x, conv.weight, conv.bias, stride=conv.stride, padding=(0, CAUSAL_LEFT_PAD), groups=conv.groups)
     return y[..., : f // 2 + 1]
+
+
+def _relu_rows(x: Tensor, lengths: Tensor, start: Tensor | None, first: int) -> Tensor:
+    """ReLU, then the invalid time rows zeroed, in one pass: clamp to [0, inf) on valid rows and
+    to [0, 0] on the others (`_row_mask`'s rows)."""
+    upper = torch.where(_row_mask(x, lengths, start, first) > 0, float("inf"), 0.0).to(x.dtype)
+    return torch.clamp(x, x.new_zeros(()), upper)
 
 
 def _row_mask(x: Tensor, lengths: Tensor, start: Tensor | None, first: int = 0) -> Tensor:
