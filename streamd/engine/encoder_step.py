@@ -35,9 +35,9 @@ ones, and only real rows are copied back.
 Validity, as for the decoder (`streamd.decoding.graphs`): graphs are bound to memory addresses.
 Before every call the step compares an `EncoderGraphKey` (device, parameter dtype, data_ptr of
 every encoder parameter and buffer, the call's attention context, mel window shape, the slot
-cache's layout and, where read in place, its storage) with the one the graphs were captured for; on any difference it drops every
-graph, the static buffers and the pool, and captures again lazily, bucket by bucket, as
-buckets are used. Nothing device-specific exists before the first call, so a plain
+cache's layout and, where read in place, its storage) with the one the graphs were captured
+for; on any difference it drops every graph, the static buffers and the pool, and captures
+again lazily, bucket by bucket, as buckets are used. Nothing device-specific exists before the first call, so a plain
 `model.to(...)` (another GPU, bf16, the CPU and back) needs no notification. An in-place weight update keeps the storage, and the graphs read the new
 values. A capture that fails (out of memory, a kernel that cannot be captured) logs a warning
 and calls `on_fallback`; that bucket then runs eagerly until the key changes (`eager_reason`
@@ -316,7 +316,7 @@ class EncoderStep:
                 room: Callable[[], bool] | None = None, slots: EncoderCache | None = None) -> list[int]:
         """Capture now, largest first, the graphs that calls of `sizes` rows with (n_mels, W)
         windows over the slot state `slots` (its layout and, where the attention reads them in
-        place, its rings; None: NeMo's key/value layout, gathered) would capture, while `room()`
+        place, its rings; None: the key/value layout, gathered) would capture, while `room()`
         (if given) allows (a migration captures its target's this way, off the engine thread,
         before the cut-over, over the slot state staged for it). A size that failed is tried
         again on its first call (it failed beside the source's memory). Returns the bucket sizes
