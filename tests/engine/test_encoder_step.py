@@ -291,7 +291,8 @@ def test_with_the_attention_kernel_graphs_read_the_slot_rings_in_place(monkeypat
     the chunk's frames and the kernel reads the cached keys and values from the slot rings in
     place (the key names the rings' storage): the same outputs and slot state as the eager step
     on the reference path (which gathers them) and as the eager step on the kernel (in place
-    too). An input cache (NeMo's layout) still gathers its windows."""
+    too). An input cache (NeMo's layout) still gathers its windows. Graphs prepared ahead over a
+    staged slot state (a migration's) serve calls over that state without capturing again."""
     pytest.importorskip("triton")
     m = model(d_model=32, n_heads=2)  # heads of 16: the kernel's smallest
 
@@ -316,6 +317,22 @@ def test_with_the_attention_kernel_graphs_read_the_slot_rings_in_place(monkeypat
     assert in_place._static is not None and in_place._static.shapes["windows"][1] == t
     assert gathered.key is not None and gathered.key.rings == ()
     assert gathered._static is not None and gathered._static.shapes["windows"][1] == CONTEXT[0][0] + t
+
+    # A migration's target captures ahead over the slot state staged for it: its first call
+    # over that state replays what it captured, and gives the reference's output.
+    staged, mine = (EncoderCache(c.channel.clone(), c.time.clone(), c.channel_len.clone(), c.kv, c.head.clone())
+                    for c in (got[1][1], got[1][1]) if c.head is not None)
+    mel, lengths, start, full = inputs(m, 4, np.random.default_rng(5))
+    ahead, rows = graph_step(m), torch.tensor([5, 0, 2, 3])
+    monkeypatch.setattr(RelPositionMultiHeadAttention, "kernel", True)
+    assert ahead.prepare([4], (mel.shape[1], mel.shape[2]), CONTEXT[0], slots=staged) == [4]
+    assert ahead.key is not None and ahead.key.rings == (staged.channel.data_ptr(), *staged.channel.shape)
+    enc, _ = ahead(staged, rows, mel, lengths, start, full, att_context=CONTEXT[0])
+    assert ahead.mode == GRAPHS and ahead.captures == 1
+    want, _ = kernel(False, EncoderStep(m.encoder, EAGER))(mine, rows, mel, lengths, start, full,
+                                                           att_context=CONTEXT[0])
+    torch.testing.assert_close(enc, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(staged.channel, mine.channel, rtol=1e-5, atol=1e-5)
 
 
 def test_both_cache_layouts_give_the_same_outputs() -> None:
