@@ -3,20 +3,9 @@
 replay; and their outputs' difference against an fp32 reference."""
 import sys, torch
 sys.path.insert(0, ".")
+sys.path.insert(0, "benchmarks")
+from graph_replay import graph_ms  # noqa: E402
 from streamd.model.attention import RelPositionMultiHeadAttention, RelPositionalEncoding
-
-def graph_ms(fn, it=50):
-    s = torch.cuda.Stream(); s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3): fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g): fn()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    xs = []
-    for _ in range(it):
-        a.record(); g.replay(); b.record(); b.synchronize(); xs.append(a.elapsed_time(b))
-    xs.sort(); return xs[it // 2]
 
 for B, T in [(1024, 2), (1024, 14)]:
     torch.manual_seed(0)

@@ -5,21 +5,10 @@ medians; then the eager kernels by GPU time."""
 import sys, torch
 from torch.nn import functional as F
 sys.path.insert(0, ".")
+sys.path.insert(0, "benchmarks")
+from graph_replay import graph_ms  # noqa: E402
 from streamd.model.dims import ModelDims
 from streamd.model.subsampling import CausalSubsampling, _row_mask, stage_length
-
-def graph_ms(fn, it=40):
-    s = torch.cuda.Stream(); s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3): fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g): fn()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    xs = []
-    for _ in range(it):
-        a.record(); g.replay(); b.record(); b.synchronize(); xs.append(a.elapsed_time(b))
-    xs.sort(); return xs[it // 2]
 
 def trimmed(sub, mel, lengths, start, drop=2):
     x = mel.transpose(1, 2).unsqueeze(1)[:, :, drop:]
@@ -56,17 +45,17 @@ with torch.no_grad():
         arms = {"module masks": lambda: sub(mb, lengths, start), "module full": lambda: sub(mb, lengths, start, True),
                 "trimmed": lambda: trimmed(sub, mb, lengths, start)}
         for name, fn in list(arms.items()) * 2:
-            print(f"W={W} {name:14s} {graph_ms(fn):.3f} ms", flush=True)
+            print(f"W={W} {name:14s} {graph_ms(fn, 40):.3f} ms", flush=True)
         cl = CausalSubsampling(dims).cuda().eval().to(torch.bfloat16).to(memory_format=torch.channels_last)
         cl.load_state_dict(sub.state_dict())
-        print(f"W={W} channels_last   {graph_ms(lambda: cl(mb, lengths, start)):.3f} ms", flush=True)
+        print(f"W={W} channels_last   {graph_ms(lambda: cl(mb, lengths, start), 40):.3f} ms", flush=True)
         try:
             comp = torch.compile(sub)
             comp(mb, lengths, start)
-            print(f"W={W} compiled        {graph_ms(lambda: comp(mb, lengths, start)):.3f} ms", flush=True)
+            print(f"W={W} compiled        {graph_ms(lambda: comp(mb, lengths, start), 40):.3f} ms", flush=True)
             ct = torch.compile(lambda: trimmed(sub, mb, lengths, start))
             ct()
-            print(f"W={W} compiled trim   {graph_ms(ct):.3f} ms", flush=True)
+            print(f"W={W} compiled trim   {graph_ms(ct, 40):.3f} ms", flush=True)
         except Exception as e:
             print("compile failed", type(e).__name__, str(e)[:200])
         from torch.profiler import ProfilerActivity, profile

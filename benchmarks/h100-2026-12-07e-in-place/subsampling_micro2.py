@@ -1,25 +1,15 @@
 """The subsampling at 1024 streams (FastConformer-L sizes, bf16), CUDA-graph replay medians:
-drop=0 (before today), drop=2 with ReLU and mask as two passes (sub_before.py), drop=2 with
-the ReLU and mask fused into one clamp (the working tree); channels_last of the last."""
+drop=0 (before today), drop=2 with ReLU and mask as two passes (the module of b027d7f, its path
+the first argument: `git show b027d7f:streamd/model/subsampling.py > /tmp/sub_before.py`), drop=2
+with the ReLU and mask fused into one clamp (the working tree); channels_last of the last."""
 import sys, importlib.util, torch
 sys.path.insert(0, ".")
+sys.path.insert(0, "benchmarks")
+from graph_replay import graph_ms  # noqa: E402
 from streamd.model.dims import ModelDims
 from streamd.model.subsampling import CausalSubsampling
-spec = importlib.util.spec_from_file_location("sub_before", "benchmarks/h100-2026-12-07e-in-place/subsampling_two_passes.py")
+spec = importlib.util.spec_from_file_location("sub_before", sys.argv[1] if len(sys.argv) > 1 else "/tmp/sub_before.py")
 old = importlib.util.module_from_spec(spec); spec.loader.exec_module(old)
-
-def graph_ms(fn, it=40):
-    s = torch.cuda.Stream(); s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3): fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g): fn()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    xs = []
-    for _ in range(it):
-        a.record(); g.replay(); b.record(); b.synchronize(); xs.append(a.elapsed_time(b))
-    xs.sort(); return xs[it // 2]
 
 dims = ModelDims(vocab_size=1024)
 new = CausalSubsampling(dims).cuda().eval().to(torch.bfloat16)
@@ -36,4 +26,4 @@ with torch.no_grad():
         arms = {"drop 0": lambda: before(mel, lengths, start), "two passes": lambda: before(mel, lengths, start, drop=2),
                 "clamp": lambda: new(mel, lengths, start, drop=2), "clamp cl": lambda: cl(mel, lengths, start, drop=2)}
         for name, fn in list(arms.items()) * 2:
-            print(f"W={W} {name:12s} {graph_ms(fn):.3f} ms", flush=True)
+            print(f"W={W} {name:12s} {graph_ms(fn, 40):.3f} ms", flush=True)
