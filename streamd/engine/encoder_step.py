@@ -37,10 +37,11 @@ Before every call the step compares an `EncoderGraphKey` (device, parameter dtyp
 every encoder parameter and buffer, the call's attention context, mel window shape, the slot
 cache's layout and, where read in place, its storage) with the one the graphs were captured
 for; on any difference it drops every graph, the static buffers and the pool, and captures
-again lazily, bucket by bucket, as buckets are used. Nothing device-specific exists before the first call, so a plain
-`model.to(...)` (another GPU, bf16, the CPU and back) needs no notification. An in-place weight update keeps the storage, and the graphs read the new
-values. A capture that fails (out of memory, a kernel that cannot be captured) logs a warning
-and calls `on_fallback`; that bucket then runs eagerly until the key changes (`eager_reason`
+again lazily, bucket by bucket, as buckets are used. Nothing device-specific exists before
+the first call, so a plain `model.to(...)` (another GPU, bf16, the CPU and back) needs no
+notification. An in-place weight update keeps the storage, and the graphs read the new values.
+A capture that fails (out of memory, a kernel that cannot be captured) logs a warning and
+calls `on_fallback`; that bucket then runs eagerly until the key changes (`eager_reason`
 says why), and the failure leaves no capture state behind, so later captures succeed
 (`streamd.cuda_capture`). Serving never breaks on it. `prepare` captures given batch sizes
 ahead of their calls (a migration's target, off the engine thread).

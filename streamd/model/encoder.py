@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from streamd.model.attention import RelPositionalEncoding, RelPositionMultiHeadAttention, SlotRows
 from streamd.model.conformer import ConformerLayer
 from streamd.model.dims import ModelDims
-from streamd.model.subsampling import CausalSubsampling
+from streamd.model.subsampling import CausalSubsampling, subsampled_length
 
 # Subsampled frames of the mel frames a step keeps (`dims.PRE_ENCODE_CACHE`) that it drops again: 1 + (9 - 1) // 8.
 DROP_EXTRA_PRE_ENCODED = 2
@@ -56,11 +56,9 @@ class EncoderCache:
 
 
 def step_frames(mel_frames: int, drop_extra: int = DROP_EXTRA_PRE_ENCODED) -> int:
-    """Encoder frames a streaming step of a `mel_frames`-wide mel window gives: three causal
-    stride-2 stages, then `drop_extra` dropped."""
-    for _ in range(3):
-        mel_frames = mel_frames // 2 + 1
-    return max(mel_frames - drop_extra, 0)
+    """Encoder frames a streaming step of a `mel_frames`-wide mel window gives: the
+    subsampling's, less `drop_extra` dropped."""
+    return max(subsampled_length(mel_frames) - drop_extra, 0)
 
 
 def ring_order(head: Tensor, c: int, t: int) -> Tensor:

@@ -18,6 +18,13 @@ def stage_length(lengths: Tensor) -> Tensor:
     return lengths // 2 + 1
 
 
+def subsampled_length(length: int) -> int:
+    """Frames (or mel bins) after the three stages: T // 8 + 1 for the time axis's windows."""
+    for _ in range(3):
+        length = length // 2 + 1
+    return length
+
+
 class CausalSubsampling(nn.Module):
     """(B, n_mels, T) log-mel -> (B, T', d_model), T' = T // 8 + 1.
 
@@ -36,10 +43,7 @@ class CausalSubsampling(nn.Module):
             nn.Conv2d(c, c, 3, stride=2, groups=c), nn.Conv2d(c, c, 1), nn.ReLU(),
             nn.Conv2d(c, c, 3, stride=2, groups=c), nn.Conv2d(c, c, 1), nn.ReLU(),
         )
-        freq = dims.features.n_mels
-        for _ in range(3):
-            freq = freq // 2 + 1
-        self.out = nn.Linear(c * freq, dims.d_model)
+        self.out = nn.Linear(c * subsampled_length(dims.features.n_mels), dims.d_model)
 
     def forward(self, mel: Tensor, lengths: Tensor, start: Tensor | None = None, full: bool = False,
                 drop: int = 0) -> tuple[Tensor, Tensor]:
@@ -50,10 +54,8 @@ class CausalSubsampling(nn.Module):
             drop: output frames the caller does not want, at the front (a streaming step's
             2 re-encoded cache frames): nothing that only they depend on is computed (`_first_needed`).
         Returns: (B, T' - drop, d_model) and (B,) output lengths counted from the first kept frame."""
-        frames = mel.shape[2]
-        for _ in range(3):
-            frames = frames // 2 + 1
-        needed = _first_needed(drop) if frames > drop else [0, 0, 0, 0]  # too short: all of it, then nothing
+        # a window too short to keep a frame: all of it, then nothing
+        needed = _first_needed(drop) if subsampled_length(mel.shape[2]) > drop else [0, 0, 0, 0]
         x = mel.transpose(1, 2).unsqueeze(1)[:, :, needed[0]:]  # (B, 1, T, F) from the first needed frame
         if not full:
             x = x * _row_mask(x, lengths, start, needed[0])

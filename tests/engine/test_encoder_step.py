@@ -115,6 +115,12 @@ def simulate(steps: list[EncoderStep], m: Transducer, slots: int, chunks: int, s
     return outs, caches
 
 
+def _copy(cache: EncoderCache) -> EncoderCache:
+    """The same slot state in new storage."""
+    return EncoderCache(cache.channel.clone(), cache.time.clone(), cache.channel_len.clone(), cache.kv,
+                        None if cache.head is None else cache.head.clone())
+
+
 def assert_same(a: tuple[list, list[EncoderCache]], b: tuple[list, list[EncoderCache]], k: int = 1) -> None:
     """Outputs and slot state of step function 0 of `a` against step function `k` of `b`."""
     (outs_a, caches_a), (outs_b, caches_b) = a, b
@@ -320,8 +326,7 @@ def test_with_the_attention_kernel_graphs_read_the_slot_rings_in_place(monkeypat
 
     # A migration's target captures ahead over the slot state staged for it: its first call
     # over that state replays what it captured, and gives the reference's output.
-    staged, mine = (EncoderCache(c.channel.clone(), c.time.clone(), c.channel_len.clone(), c.kv, c.head.clone())
-                    for c in (got[1][1], got[1][1]) if c.head is not None)
+    staged, mine = _copy(got[1][1]), _copy(got[1][1])
     mel, lengths, start, full = inputs(m, 4, np.random.default_rng(5))
     ahead, rows = graph_step(m), torch.tensor([5, 0, 2, 3])
     monkeypatch.setattr(RelPositionMultiHeadAttention, "kernel", True)
@@ -649,8 +654,7 @@ def test_a_step_in_the_callers_windows_equals_the_eager_slot_step() -> None:
         for _ in range(3):  # something in the rings, and heads off zero
             m.encoder.streaming_forward(*inputs(m, 3, rng, ragged=False)[:2], cache, CONTEXT[0], rows=torch.arange(3))
         mel, lengths, start, _ = inputs(m, 2, rng)
-        mine = EncoderCache(cache.channel.clone(), cache.time.clone(), cache.channel_len.clone(), cache.kv,
-                            cache.head.clone() if cache.head is not None else None)
+        mine = _copy(cache)
         x, x_len, _ = m.encoder.streaming_forward(mel, lengths, cache, CONTEXT[0], start=start, rows=rows)
         t = x.shape[1]
         assert mine.head is not None and int(mine.head[0]) != 0

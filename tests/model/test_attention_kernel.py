@@ -60,8 +60,9 @@ def test_kernel_equals_the_explicit_attention(cache: int, t: int, ring: bool) ->
 def test_cached_keys_and_values_read_from_slots_in_place(cache: int, t: int) -> None:
     """`forward_cached` with `SlotRows`: the window holds only the chunk's frames and the cached
     keys and values stay in the slots' rings (rows in any order, one repeated: a bucket's padded
-    rows; a column of the step's metadata, not contiguous). With the kernel reading them in place, and on the reference path (which gathers
-    them), it equals the explicit attention over the gathered window, in ring order, fp32."""
+    rows; a column of the step's metadata, not contiguous). With the kernel reading them in
+    place, and on the reference path (which gathers them), it equals the explicit attention over
+    the gathered window, in ring order, fp32."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     att = _attention(7, device)
     b = 5
