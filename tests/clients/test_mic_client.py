@@ -122,8 +122,11 @@ def test_listen_shows_the_finals_of_what_the_microphone_hears_and_stops_on_ctrl_
             assert len(printed) >= 2, output.out  # finals while listening (cut every 2 s) and the stop's
             assert [m[5] for m in printed if m] == [f.text for f in expected]
             times = [(60 * int(m[1]) + float(m[2]), 60 * int(m[3]) + float(m[4])) for m in printed if m]
-            for (start, end), final in zip(times, expected):
-                assert abs((end - start) - (final.end - final.start)) < 0.002
+            for i, ((start, end), final) in enumerate(zip(times, expected)):
+                # the stop's final may end at the audio's last sample live and at the 2-s cut's
+                # frame in the replay (CI: 6.681 against 6.7 s): within one encoder frame
+                tolerance = 0.08 if i == len(expected) - 1 else 0.002
+                assert abs((end - start) - (final.end - final.start)) < tolerance, (start, end, final)
             assert [s for s, _ in times] == sorted(s for s, _ in times)
             # the stop flushed the speech pending at Ctrl-C, and the client printed it (its reason is
             # max_utterance when the 2-s cut falls on the last frame)
