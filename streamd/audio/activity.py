@@ -18,7 +18,9 @@ import numpy as np
 FRAME_S = 0.02
 BAND_HZ = (250.0, 3500.0)
 FLOOR_S = 1.5
-ANALYSE_S = 0.5  # the most audio a stream keeps waiting for analysis
+# The most audio a stream keeps waiting for analysis (float32: 77 KB at 16 kHz): more than the
+# longest chunk (1120 ms), so a stream whose session asks once a step is analysed once a step.
+ANALYSE_S = 1.2
 _SILENT_DBFS = -200.0  # the level of digital silence (log of 0 kept finite)
 
 

@@ -28,6 +28,7 @@ from streamd.errors import (BacklogExceeded, CapacityError, IdleTimeout, Interna
                             SlowConsumer, StreamdError, StreamFailed)
 from streamd import protocol as p
 from streamd.server.context import StreamContext
+from streamd.server.deadline import ReceiveDeadline
 from streamd.server.resume import Parking, log_name, session_id_of
 from streamd.session.core import End, Open, Result, Segment, StreamSession
 
@@ -95,7 +96,7 @@ class Connection:
                                    3 * state.chunk_ms / 1000)
         self._progress = asyncio.Event()  # set whenever the session's `decoded_s` moves
         self.started = time.monotonic()
-        self._waiting: asyncio.Timeout | None = None  # the deadline of a receive shutdown may cut
+        self._receive = ReceiveDeadline()  # each receive's idle deadline; shutdown cuts the one waiting
         self._failed: BaseException | None = None  # why the sender stopped early; ends the receive
         self.face = face_type(self)
 
@@ -117,6 +118,7 @@ class Connection:
             await self.fail(InternalError(f"internal error: {type(e).__name__}"))
         finally:
             watcher.cancel()
+            self._receive.close()
             self.parking.end()
             self._log_access(reason)
 
@@ -135,8 +137,7 @@ class Connection:
     async def _watch_shutdown(self) -> None:
         """On shutdown, end the receive that is waiting now (it returns None)."""
         await self.state.shutdown.wait()
-        if self._waiting is not None:
-            self._waiting.reschedule(asyncio.get_running_loop().time())
+        self._receive.cut()
 
     @contextlib.contextmanager
     def serving(self) -> Iterator[None]:
@@ -161,7 +162,7 @@ class Connection:
         """The client's next message (within `idle_timeout_s`); None once the server shuts down.
         Raises SessionExpired for a message after `max_session_s`."""
         cfg = self.state.config.server
-        data = await self.recv(cfg.idle_timeout_s, allow_shutdown=True)
+        data = await self.recv(cfg.idle_timeout_s)
         if data is not None and time.monotonic() - self.started > cfg.max_session_s:
             raise SessionExpired(f"session longer than max_session_s={cfg.max_session_s:g}")
         return data
@@ -171,8 +172,7 @@ class Connection:
         if task.cancelled() or task.exception() is None:
             return
         self._failed = task.exception()
-        if self._waiting is not None:
-            self._waiting.reschedule(asyncio.get_running_loop().time())
+        self._receive.cut()
 
     async def run_commands(self) -> None:
         """Run the engine commands the session queued, in order."""
@@ -259,20 +259,20 @@ class Connection:
         finally:
             shutdown.cancel()
 
-    async def recv(self, timeout: float, allow_shutdown: bool = False) -> str | bytes | None:
-        """The next client message; None once the server shuts down (with `allow_shutdown`). A
-        resumable stream whose connection drops waits for its client to resume it first."""
+    async def recv(self, timeout: float) -> str | bytes | None:
+        """The next client message; None once the server shuts down. A resumable stream whose
+        connection drops waits for its client to resume it first."""
         while True:
             try:
-                return await self._recv_one(timeout, allow_shutdown)
+                return await self._recv_one(timeout)
             except ConnectionClosed:
                 if not await self.parking.reattach():
                     raise
 
-    async def _recv_one(self, timeout: float, allow_shutdown: bool) -> str | bytes | None:
-        """The next client message; None once the server shuts down (with `allow_shutdown`).
+    async def _recv_one(self, timeout: float) -> str | bytes | None:
+        """The next client message; None once the server shuts down.
 
-        One timer per message and no extra task: this runs for every audio frame.
+        No timer of its own (`ReceiveDeadline`): this runs for every audio frame.
 
         Raises:
             IdleTimeout: nothing arrived for `timeout` seconds.
@@ -282,22 +282,19 @@ class Connection:
         left = max_session_s - (time.monotonic() - self.started)
         if self._failed is not None:
             raise self._failed
-        if allow_shutdown and self.state.shutdown.is_set():
+        if self.state.shutdown.is_set():
             return None
         try:
-            async with asyncio.timeout(max(0.0, min(timeout, left))) as deadline:
-                self._waiting = deadline if allow_shutdown else None
-                return await self.ws.recv()
+            deadline = asyncio.get_running_loop().time() + max(0.0, min(timeout, left))
+            return await self._receive.receive(self.ws.recv, deadline)
         except TimeoutError:
             if self._failed is not None:
                 raise self._failed from None
-            if allow_shutdown and self.state.shutdown.is_set():
+            if self.state.shutdown.is_set():
                 return None
             if left <= timeout:
                 raise SessionExpired(f"session longer than max_session_s={max_session_s:g}") from None
             raise IdleTimeout(f"no message for {timeout:g} s") from None
-        finally:
-            self._waiting = None
 
     async def _send_results(self) -> None:
         """The sender: the engine's results, segment after segment, through the session to the face."""

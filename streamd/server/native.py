@@ -31,7 +31,7 @@ class NativeStream:
 
     async def serve(self) -> str:
         conn, state, cfg = self.conn, self.conn.state, self.conn.state.config.server
-        first = await conn.recv(cfg.idle_timeout_s, allow_shutdown=True)
+        first = await conn.recv(cfg.idle_timeout_s)
         if first is None:  # shutting down before "start": nothing to drain
             await conn.ws.close(p.CloseCode.GOING_AWAY)
             return "shutdown"
