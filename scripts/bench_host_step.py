@@ -70,7 +70,7 @@ class _NoFrames:
 class _NoEncoder:
     """An encoder step that returns zeros of the right shape (and says it ran eagerly)."""
 
-    mode, eager_reason = "eager", "replaced by a no-op"
+    mode, eager_reason, padded = "eager", "replaced by a no-op", False
 
     def __init__(self, frames: int, d_model: int) -> None:
         self.frames, self.d_model = frames, d_model
