@@ -136,7 +136,7 @@ def engine_capacity(model_path: Path, item: Item, args: argparse.Namespace, seco
     from streamd.engine.encoder_step import make_encoder_step
     from streamd.engine.migration import placed_copy
     from streamd.engine.placement import parse_device, parse_dtype
-    from streamd.engine.recognizer import Recognizer
+    from streamd.engine.recognizer import PART_ROWS, Recognizer
     from streamd.model.checkpoint import load_model
     from streamd.server.app import DECODER_BUCKETS_PER_OCTAVE
 
@@ -157,7 +157,8 @@ def engine_capacity(model_path: Path, item: Item, args: argparse.Namespace, seco
     rec = Recognizer(model, capacity=max_n, att_context=att_context,
                      search_factory=lambda m: make_decoder(m, mode, per_octave=DECODER_BUCKETS_PER_OCTAVE),
                      encoder_factory=lambda m: make_encoder_step(m, mode, max_n),
-                     keep_transcripts=False)  # as the daemon's engine (streamd.server.app): front ends keep them
+                     keep_transcripts=False,  # as the daemon's engine (streamd.server.app): front ends keep them
+                     part_rows=args.part_rows or PART_ROWS)
     chunk_s = rec.geometry.chunk_ms / 1000
     rng = np.random.default_rng(0)
     tone = np.frombuffer(load.tone_bursts(seconds=20.0).pcm, dtype="<i2").astype(np.float32) / 32768
@@ -256,7 +257,8 @@ def engine_capacity(model_path: Path, item: Item, args: argparse.Namespace, seco
             best, worst = (n, worst) if row["passed"] else (best, n)
         enc = rec.encoder_step
         result = {"capacity": best, "first_failing": worst, "max_tried_limit": max_n, "chunk_s": chunk_s,
-                  "probes": probes, "encoder_buckets": enc.buckets, "encoder_fallbacks": enc.fallbacks,
+                  "probes": probes, "part_rows": rec.part_rows, "encoder_buckets": enc.buckets,
+                  "encoder_fallbacks": enc.fallbacks,
                   "encoder_last_capture_ms": round(enc.last_capture_ms, 1),
                   "bounded_by_time": time.monotonic() > deadline, "wall_s": round(time.monotonic() - t_begin, 1)}
         if device.type == "cuda":
@@ -662,6 +664,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--engine-start", type=int, default=512, help="first engine level (default: 512)")
     p.add_argument("--engine-max", type=int, default=16384, help="largest engine level (default: 16384)")
     p.add_argument("--engine-refine", type=int, default=3, help="engine bisection steps (default: 3)")
+    p.add_argument("--part-rows", type=int, help="engine: streams per launched part of a step (default: the "
+                   "daemon's, streamd.engine.recognizer.PART_ROWS)")
     p.add_argument("--daemon-first", type=float, default=0.8,
                    help="first daemon (and live) level, as a fraction of the engine's capacity (default: 0.8)")
     p.add_argument("--above", type=float, default=1.0,

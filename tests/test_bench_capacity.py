@@ -13,6 +13,7 @@ from conftest import FIXTURES, REPO
 
 sys.path.insert(0, str(REPO / "scripts"))
 import bench_capacity  # noqa: E402
+from streamd.engine.recognizer import PART_ROWS  # noqa: E402
 
 
 def test_live_level_churns_and_reports() -> None:
@@ -51,6 +52,16 @@ def test_engine_levels_are_stepped_pipelined_and_alone() -> None:
         assert r["step_s"] > 0 and r["unpipelined_step_s"] > 0 and r["passed"] == (r["step_s"] <= result["chunk_s"])
         assert r["queued"] == 0  # fed as real-time clients feed: no stream's audio waits outside its ring
     assert result["capacity"] == max([r["streams"] for r in rows if r["passed"]], default=0)
+    assert result["part_rows"] == PART_ROWS
+
+
+def test_engine_levels_step_in_parts_of_the_rows_asked() -> None:
+    model = FIXTURES / "tiny_streaming_fastconformer_hybrid.nemo"
+    args = bench_capacity.parse_args(["--device", "cpu", "--model", str(model), "--plan", "engine:160:fp32:off",
+                                      "--engine-start", "4", "--engine-max", "4", "--engine-refine", "0",
+                                      "--part-rows", "2"])
+    result = bench_capacity.engine_capacity(model, args.items[0], args, seconds=60)
+    assert result["part_rows"] == 2 and result["probes"][0]["streams"] == 4
 
 
 def test_daemon_step_quantiles_are_bucket_bounds() -> None:
