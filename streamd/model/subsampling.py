@@ -1,6 +1,8 @@
 """Causal dw_striding subsampling (x8), NeMo `ConvSubsampling` with `causal_downsampling: true`."""
 from __future__ import annotations
 
+from typing import TypeVar
+
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
@@ -13,16 +15,17 @@ from streamd.model.dims import ModelDims
 CAUSAL_LEFT_PAD = 2
 
 
-def stage_length(lengths: Tensor) -> Tensor:
-    """Frames after one causal stride-2 stage: (L + 3 - 3) // 2 + 1."""
+Length = TypeVar("Length", int, Tensor)
+
+
+def stage_length(lengths: Length) -> Length:
+    """Frames (or mel bins) after one causal stride-2 stage: (L + 3 - 3) // 2 + 1."""
     return lengths // 2 + 1
 
 
 def subsampled_length(length: int) -> int:
     """Frames (or mel bins) after the three stages: T // 8 + 1 for the time axis's windows."""
-    for _ in range(3):
-        length = length // 2 + 1
-    return length
+    return stage_length(stage_length(stage_length(length)))
 
 
 class CausalSubsampling(nn.Module):
