@@ -128,6 +128,9 @@ def per_stream_bytes(model: Any, att_context: tuple[int, int]) -> int:
     return target_bytes(model, model.dtype, 1, att_context) - target_bytes(model, model.dtype, 0, att_context)
 
 
+PIPELINED_STEPS = 8  # launched back to back: the mean of the 6 steady intervals between their collections
+
+
 def engine_capacity(model_path: Path, item: Item, args: argparse.Namespace, seconds: float) -> dict[str, Any]:
     """Largest N whose median engine step over N ready streams takes at most one chunk."""
     import torch
@@ -163,20 +166,20 @@ def engine_capacity(model_path: Path, item: Item, args: argparse.Namespace, seco
     rng = np.random.default_rng(0)
     tone = np.frombuffer(load.tone_bursts(seconds=20.0).pcm, dtype="<i2").astype(np.float32) / 32768
     streams: list[Any] = []
-    offsets: list[int] = []
+    offsets = rng.integers(0, tone.size, max_n)  # stream i's place in the tone bursts
     g = rec.geometry
     chunk = g.hop * g.subsampling * (g.right + 1)
+    windows = np.lib.stride_tricks.sliding_window_view(tone, chunk)  # row p: the chunk from sample p on
 
     def feed_all() -> None:
         """A chunk for every stream in one `push_many`, as the engine takes a front end's message
         (each stream at its own offset in the tone bursts)."""
         n = len(streams)
-        pieces = [tone[offsets[k] % (tone.size - chunk):][:chunk] for k in range(n)]
-        for k in range(n):
-            offsets[k] += chunk
+        at = offsets[:n] % (tone.size - chunk)
+        offsets[:n] += chunk
         slots = np.fromiter((s.slot for s in streams), np.int64, n)
         rec.audio.push_many(slots, np.arange(n, dtype=np.int64) * chunk, np.full(n, chunk, np.int64),
-                            np.concatenate(pieces))
+                            windows[at].reshape(-1))
 
     def probe(n: int) -> dict[str, Any]:
         while len(streams) < n:
@@ -185,10 +188,8 @@ def engine_capacity(model_path: Path, item: Item, args: argparse.Namespace, seco
             # fewer frames), and each chunk fed fits in the ring beside the one a launch holds
             s.push_audio(tone[:chunk])
             streams.append(s)
-            offsets.append(int(rng.integers(0, tone.size)))
         while len(streams) > n:
             rec.close(streams.pop())
-            offsets.pop()
         times: list[float] = []
         warm = 2  # the first captures this batch size's graphs
         steps = warm + (3 if n >= 2048 else 5)
@@ -202,31 +203,61 @@ def engine_capacity(model_path: Path, item: Item, args: argparse.Namespace, seco
                 break
         measured = times[warm:] or times[-1:]
         step = statistics.median(measured)
-        piped = pipelined(len(measured))
-        row = {"streams": n, "step_s": round(piped, 4), "unpipelined_step_s": round(step, 4),
+        piped, host = pipelined(PIPELINED_STEPS)
+        row = {"streams": n, "step_s": round(piped, 4), "unpipelined_step_s": round(step, 4), "pipelined": host,
                "unpipelined_step_max_s": round(max(measured), 4), "first_step_s": round(times[0], 4),
-               "steps": len(measured), "passed": piped <= chunk_s,
+               "steps": len(measured), "pipelined_steps": PIPELINED_STEPS, "passed": piped <= chunk_s,
                "queued": int(rec.audio.queued.sum()),  # streams whose audio waits outside their ring (0)
                "encoder": rec.encoder_step.mode, "decoder": getattr(rec.search, "mode", "eager")}
         print(f"  engine {n:6d} streams: step {piped:.3f} s pipelined, {step:.3f} s alone (max {max(measured):.3f}, "
               f"first {times[0]:.3f}) {'ok' if row['passed'] else 'too slow'} [{row['encoder']}/{row['decoder']}]",
               flush=True)
+        print("    pipelined step's medians: " + ", ".join(f"{k[:-2]} {v * 1e3:.1f} ms" for k, v in host.items()), flush=True)
         return row
 
-    def pipelined(steps: int) -> float:
+    def pipelined(steps: int) -> tuple[float, dict[str, float]]:
         """Seconds a step of every stream, stepped as the daemon's engine does: each step is
-        launched while the one before runs on the device, then the one before is collected."""
-        t0 = time.perf_counter()
-        running = None
+        launched while the one before runs on the device, then the one before is collected.
+        The mean time between two collected steps (the pipeline's steady state, as a daemon
+        stepping all the time runs: not its filling, a feed and launch with nothing to overlap,
+        nor its draining, a wait for the last step with nothing launched behind it). Also the
+        median of each part of a step on the host (feeding, launching, of which waiting for the
+        step before's ring reads, collecting, making the chunks) and of the device's time a step
+        (CUDA only; the step's span on the device after the one before ended)."""
+        parts: dict[str, list[float]] = {k: [] for k in ("feed_s", "launch_s", "ring_wait_s", "collect_s",
+                                                          "chunks_s", "device_s")}
+
+        done: list[float] = []  # when each step's chunks were made
+
+        def collected(step: Any, before: Any) -> None:
+            t = time.perf_counter()
+            results = step.collect()
+            parts["collect_s"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            results.chunks()
+            done.append(time.perf_counter())
+            parts["chunks_s"].append(done[-1] - t)
+            if (device_s := step.device_s(before)) is not None:
+                parts["device_s"].append(device_s)
+
+        running = before = None
         for _ in range(steps):
+            t = time.perf_counter()
             feed_all()
+            parts["feed_s"].append(time.perf_counter() - t)
+            t = time.perf_counter()
             launched = rec.launch(streams)
+            parts["launch_s"].append(time.perf_counter() - t)
+            parts["ring_wait_s"].append(launched.ring_wait_s)
             if running is not None:
-                running.collect().chunks()
-            running = launched
+                collected(running, before)
+            before, running = running, launched
         assert running is not None
-        running.collect().chunks()
-        return (time.perf_counter() - t0) / steps
+        collected(running, before)
+        # each interval a feed, a launch and a collect (the last collect only drains); their mean, as
+        # an interval's wait can shift time to the next one (a median of intervals can fall below it)
+        steady = (done[-2] - done[0]) / (len(done) - 2)
+        return steady, {k: round(statistics.median(v), 4) for k, v in parts.items() if v}
 
     probes: list[dict[str, Any]] = []
     best, worst = 0, None

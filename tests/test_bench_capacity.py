@@ -51,6 +51,9 @@ def test_engine_levels_are_stepped_pipelined_and_alone() -> None:
     for r in rows:
         assert r["step_s"] > 0 and r["unpipelined_step_s"] > 0 and r["passed"] == (r["step_s"] <= result["chunk_s"])
         assert r["queued"] == 0  # fed as real-time clients feed: no stream's audio waits outside its ring
+        host = r["pipelined"]  # the host's parts of a pipelined step (no device time on the CPU)
+        assert set(host) == {"feed_s", "launch_s", "ring_wait_s", "collect_s", "chunks_s"}
+        assert host["launch_s"] > 0 and host["ring_wait_s"] == 0 and r["pipelined_steps"] == 8
     assert result["capacity"] == max([r["streams"] for r in rows if r["passed"]], default=0)
     assert result["part_rows"] == PART_ROWS
 
