@@ -1,0 +1,4 @@
+# H100: engine 10240 x 160 ms, steady-state pipelined measure (twice); the daemon at 9216 x 160 ms, 12 front ends.
+. .carry/setup.sh > /dev/null
+for r in 1 2; do timeout 80 python3 scripts/bench_capacity.py --plan engine:160:bf16:on --engine-start 10240 --engine-max 10240 --engine-refine 0 --engine-cap-s 55 --budget-s 60 --out $OUT/e160-10240-$r.json 2>&1 | grep -E "^  engine|Error|pipelined step" ; done
+timeout 170 python3 scripts/bench_capacity.py --plan daemon:160:bf16:on --daemon-at 160=9216 --workers 12 --client-procs 6 --daemon-args "--batch-wait-ms=2 --admission=max_streams" --seconds 8 --warmup-s 2 --daemon-cap-s 150 --budget-s 160 --out $OUT/d160-9216.json > $OUT/d160-9216.log 2>&1; echo "daemon rc $?"; grep -E "daemon|Error" $OUT/d160-9216.log | tail -8 | cut -c1-300; xz -f $OUT/d160-9216.log

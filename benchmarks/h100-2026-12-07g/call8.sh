@@ -1,0 +1,3 @@
+# H100: py-spy (all processes) of the daemon at 9216 x 160 ms, 12 front ends: where the engine process's thread goes.
+. .carry/setup.sh > /dev/null; export PATH=/tmp/site/bin:$PATH
+timeout 170 py-spy record --subprocesses --nonblocking --idle -r 25 --format raw -o $OUT/spy-d9216.txt -- python3 scripts/bench_capacity.py --plan daemon:160:bf16:on --daemon-at 160=9216 --workers 12 --client-procs 6 --daemon-args "--batch-wait-ms=2 --admission=max_streams" --seconds 8 --warmup-s 2 --daemon-cap-s 130 --budget-s 140 --out $OUT/d160-spy.json > $OUT/d160-spy.log 2>&1; echo "rc $?"; grep -E "FAIL|ok|cores" $OUT/d160-spy.log | tail -4 | cut -c1-200; gzip $OUT/spy-d9216.txt; xz -f $OUT/d160-spy.log
