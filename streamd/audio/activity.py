@@ -21,6 +21,11 @@ FLOOR_S = 1.5
 # The most audio a stream keeps waiting for analysis (float32: 77 KB at 16 kHz): more than the
 # longest chunk (1120 ms), so a stream whose session asks once a step is analysed once a step.
 ANALYSE_S = 1.2
+# The most frames one FFT call of a batch takes (`ActivityBatch`; a stream's frames are never split):
+# 32 streams of a 160-ms step, 4 of a 1120-ms one. Its arrays stay in a core's cache (~0.7 MB of
+# samples at 16 kHz), where a whole step of a front end's streams (700 streams of 1120 ms: 39,200
+# frames, 100 MB) cost more than a stream at a time (benchmarks/cpu-2026-12-07h-gate-batch).
+BATCH_FRAMES = 256
 _SILENT_DBFS = -200.0  # the level of digital silence (log of 0 kept finite)
 
 
@@ -33,14 +38,16 @@ class Activity:
     seconds are waiting, all frames at once: one FFT, band power and level, and the floor (a
     running minimum) from cumulative minima. Forgetting waits for the next analysis. The
     decisions do not depend on the pieces the audio came in. The active frames are a bytearray
-    (one byte a frame, 1: active)."""
+    (one byte a frame, 1: active). `batch`: the streams analysed together (`ActivityBatch`; one
+    thread's); by default this stream alone."""
 
-    def __init__(self, rate: int, min_dbfs: float, rise_db: float) -> None:
+    def __init__(self, rate: int, min_dbfs: float, rise_db: float, batch: ActivityBatch | None = None) -> None:
         self.rate, self.min_dbfs, self.rise_db = rate, min_dbfs, rise_db
         self.frame = round(rate * FRAME_S)
         self._window = round(FLOOR_S / FRAME_S)
+        self._batch = batch if batch is not None else ActivityBatch()
         self._rest = np.zeros(0, np.float32)  # samples short of a frame
-        self._waiting: list[np.ndarray] = []  # pushed, not analysed yet
+        self._waiting: list[np.ndarray] = []  # pushed, not analysed yet (non-empty: in the batch)
         self._waiting_size, self._analyse_size = 0, round(rate * ANALYSE_S)
         self._window_fn = np.hanning(self.frame)
         bins = np.fft.rfftfreq(self.frame, 1 / rate)
@@ -61,48 +68,22 @@ class Activity:
         return self._first + len(self._active)
 
     def push(self, samples: np.ndarray) -> None:
+        if not self._waiting:
+            self._batch.add(self)
         self._waiting.append(samples.astype(np.float32))  # a copy: kept for later
         self._waiting_size += samples.size
         if self._waiting_size >= self._analyse_size:
             self._analyse()
 
     def _analyse(self) -> None:
-        """Decide the whole frames of the samples waiting; drop the forgotten ones."""
+        """Decide the whole frames of the samples waiting (the batch's, this stream's among them);
+        drop the forgotten ones."""
         if self._waiting:
-            self._decide()
+            self._batch.analyse()
         drop = min(self._forget, self._first + len(self._active)) - self._first
         if drop > 0:
             del self._active[:drop]
             self._first += drop
-
-    def _decide(self) -> None:
-        x = np.concatenate([self._rest, *self._waiting])
-        self._waiting.clear()
-        self._waiting_size = 0
-        n = x.size // self.frame
-        self._rest = x[n * self.frame:].copy()
-        if n == 0:
-            return
-        spectrum = np.fft.rfft(x[: n * self.frame].reshape(n, self.frame) * self._window_fn, axis=1)
-        power = np.abs(spectrum[:, self._band])
-        power **= 2
-        power = power.sum(axis=1) * self._scale
-        level = np.maximum(10 * np.log10(np.maximum(power, 1e-30)), _SILENT_DBFS)
-        for start in range(0, n, self._window):
-            self._decide_block(level[start:start + self._window])
-
-    def _decide_block(self, level: np.ndarray) -> None:
-        """Decide frames of levels `level` (dB, (m,), m <= `_window`): each one's floor is the
-        quietest of the `_window` frames before it (none: itself), the minimum of a suffix of
-        `_recent` and a prefix of `level`."""
-        m = level.size
-        floor = np.minimum.accumulate(self._recent[::-1])[::-1][:m]
-        np.minimum(floor[1:], np.minimum.accumulate(level)[:-1], out=floor[1:])
-        if floor[0] == np.inf:  # the stream's first frame
-            floor[0] = level[0]
-        active = (level >= self.min_dbfs) & (level >= floor + self.rise_db)
-        self._active += active.astype(np.uint8).tobytes()
-        self._recent = np.concatenate([self._recent[m:], level])
 
     def active(self, start_s: float, end_s: float) -> bool:
         """Whether any frame overlapping [start_s, end_s) seconds of the stream is active.
@@ -127,3 +108,96 @@ class Activity:
         """Frames that end before `before_s` will not be asked about again (dropped at the next
         analysis: a step whose tokens need no decision analyses nothing)."""
         self._forget = max(self._forget, int(before_s / FRAME_S))
+
+
+class ActivityBatch:
+    """The streams of one thread (a front end's event loop) whose audio waits for analysis: a
+    question to any of them analyses them all (`analyse`). A step's results reach a front end's
+    streams together and each asks about its own frames, so the first question analyses the step's
+    audio of every stream: one FFT over all their frames, then the floors and decisions of the
+    streams with as many new frames as each other in a few numpy calls for all, not a dozen numpy
+    calls a stream. The decisions are each stream's alone. A stream that has ended stays until
+    the next analysis (with its samples: at most `ANALYSE_S`). Not for several threads."""
+
+    def __init__(self) -> None:
+        self._members: dict[Activity, None] = {}  # with samples waiting, in the order they came
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def add(self, activity: Activity) -> None:
+        self._members[activity] = None
+
+    def analyse(self) -> None:
+        """Decide the whole frames of every member's waiting samples; they leave the batch."""
+        groups: dict[tuple[int, int], list[list[Activity]]] = {}
+        frames: dict[tuple[int, int], int] = {}
+        for a in self._members:  # streams of one rate share the FFT's frame, window and band
+            key, n = (a.rate, a.frame), (a._rest.size + a._waiting_size) // a.frame
+            if key not in groups or frames[key] + n > BATCH_FRAMES:  # a new group once it is full
+                groups.setdefault(key, []).append([])
+                frames[key] = 0
+            groups[key][-1].append(a)
+            frames[key] += n
+        self._members.clear()
+        for group in (g for of_rate in groups.values() for g in of_rate):
+            _decide(group, _levels(group))
+
+
+def _levels(group: list[Activity]) -> list[np.ndarray]:
+    """Each stream's levels (dB, (n_i,)) of the whole frames of its rest and waiting samples, in
+    one FFT for all (the group's streams share a rate); what is short of a frame is its new rest."""
+    first, frame = group[0], group[0].frame
+    sizes = np.array([a._rest.size + a._waiting_size for a in group])
+    x = np.concatenate([piece for a in group for piece in (a._rest, *a._waiting)])
+    n = sizes // frame
+    ends = np.cumsum(sizes)
+    starts = ends - sizes
+    for a, start, k, end in zip(group, starts.tolist(), n.tolist(), ends.tolist()):
+        a._rest = x[start + k * frame:end].copy()
+        a._waiting.clear()
+        a._waiting_size = 0
+    total = int(n.sum())
+    if total == 0:
+        return [np.zeros(0)] * len(group)
+    before = np.cumsum(n) - n  # frames of the streams before each
+    at = np.repeat(starts, n) + frame * (np.arange(total) - np.repeat(before, n))  # each frame's first sample
+    frames = np.lib.stride_tricks.sliding_window_view(x, frame)[at]  # (total, frame)
+    spectrum = np.fft.rfft(frames * first._window_fn, axis=1)
+    power = np.abs(spectrum[:, first._band])
+    power **= 2
+    power = power.sum(axis=1) * first._scale
+    level = np.maximum(10 * np.log10(np.maximum(power, 1e-30)), _SILENT_DBFS)
+    return np.split(level, np.cumsum(n)[:-1])
+
+
+def _decide(group: list[Activity], levels: list[np.ndarray]) -> None:
+    """Decide each stream's frames of `levels` in blocks of at most `_window` frames, in order;
+    the blocks of one round that are as long as each other together (`_decide_blocks`)."""
+    w = group[0]._window
+    for r in range(0, max(lv.size for lv in levels), w):
+        by_size: dict[int, list[tuple[Activity, np.ndarray]]] = {}
+        for a, lv in zip(group, levels):
+            if lv.size > r:
+                block = lv[r:r + w]
+                by_size.setdefault(block.size, []).append((a, block))
+        for pairs in by_size.values():
+            _decide_blocks([a for a, _ in pairs], np.stack([block for _, block in pairs]))
+
+
+def _decide_blocks(streams: list[Activity], level: np.ndarray) -> None:
+    """Decide the next m frames of each stream, of levels `level` (dB, (G, m), m <= `_window`):
+    each frame's floor is the quietest of the `_window` frames before it (none: itself), the
+    minimum of a suffix of the stream's `_recent` and a prefix of its row."""
+    m = level.shape[1]
+    recent = np.stack([a._recent for a in streams])  # (G, window)
+    floor = np.minimum.accumulate(recent[:, ::-1], axis=1)[:, ::-1][:, :m]
+    np.minimum(floor[:, 1:], np.minimum.accumulate(level, axis=1)[:, :-1], out=floor[:, 1:])
+    first = np.isinf(floor[:, 0])  # the stream's first frame
+    floor[first, 0] = level[first, 0]
+    limits = np.array([(a.min_dbfs, a.rise_db) for a in streams])  # (G, 2)
+    active = (level >= limits[:, :1]) & (level >= floor + limits[:, 1:])
+    recent = np.concatenate([recent[:, m:], level], axis=1)
+    for a, row, kept in zip(streams, active.astype(np.uint8), recent):
+        a._active += row.tobytes()
+        a._recent = kept

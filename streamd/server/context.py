@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from streamd.audio.activity import ActivityBatch
 from streamd.config import Config
 from streamd.engine.types import ChunkGeometry, EngineClient
 from streamd.model.tokenizer import Tokenizer
@@ -41,6 +42,7 @@ class StreamContext:
     capacity: Capacity | None = None  # admission by measured capacity (admission.py), engine's process
     published: tuple[int, int | None] | None = None  # a front end: (limit, estimate) the engine's process sent
     handoff_hooks: list[Callable[[], int]] = field(default_factory=list)  # front ends: hand their streams off
+    gates: ActivityBatch = field(default_factory=ActivityBatch)  # the sessions' speech gates, analysed together
 
     def __post_init__(self) -> None:
         self.sessions.on_change = self.count_live

@@ -80,7 +80,8 @@ class Connection:
         self.ws, self.state = ws, state
         self.session = StreamSession(state.geometry, state.tokenizer, state.config.endpointing,
                                      state.metrics.count_endpoint, state.config.gate,
-                                     utterance_limit_ms=round(state.config.server.utterance_limit_s * 1000))
+                                     utterance_limit_ms=round(state.config.server.utterance_limit_s * 1000),
+                                     gate_batch=state.gates)
         self.id = session_id_of(ws)
         self.log_id = log_name(self.id)  # logs never hold the session id (nor its resume secret)
         # Resume (streamd.server.resume): a face that enables it records what it sends; a dropped

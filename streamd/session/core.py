@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Literal, cast
 
 from streamd import protocol as p
-from streamd.audio.activity import Activity
+from streamd.audio.activity import Activity, ActivityBatch
 from streamd.audio.pcm import PcmDecoder, Samples
 from streamd.config import EndpointingConfig, GateConfig
 from streamd.engine.types import ChunkGeometry, ChunkResult
@@ -95,11 +95,13 @@ class StreamSession:
             speech are dropped, as if the model had not emitted them. None: off.
         utterance_limit_ms: the longest utterance whatever ``start`` asks (None: no limit), so that
             no result (and no message) grows without bound.
+        gate_batch: the streams whose gate analysis this one's joins (one thread's: a process's
+            sessions, `StreamContext.gates`); None: its own.
     """
 
     def __init__(self, geometry: ChunkGeometry, tokenizer: Tokenizer, endpointing: EndpointingConfig,
                  on_endpoint: Callable[[EndpointRule], None] | None = None, gate: GateConfig | None = None,
-                 utterance_limit_ms: int | None = None) -> None:
+                 utterance_limit_ms: int | None = None, gate_batch: ActivityBatch | None = None) -> None:
         self.proto = p.SessionProtocol()
         self.utterance_limit_ms = utterance_limit_ms
         self.tokenizer, self.on_endpoint = tokenizer, on_endpoint
@@ -117,7 +119,7 @@ class StreamSession:
         self._tracker: tuple[Segment, UtteranceTracker] | None = None  # of the segment whose results come in
         self._next_utterance = 0  # the first utterance index of the next segment
         self._settled = _SettledWords()  # of the open utterance, for `open_words`
-        self.activity = (Activity(self.rate, gate.min_dbfs, gate.rise_db)
+        self.activity = (Activity(self.rate, gate.min_dbfs, gate.rise_db, gate_batch)
                          if gate is not None and gate.mode == "on" else None)
 
     @property

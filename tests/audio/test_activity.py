@@ -8,7 +8,7 @@ from functools import cache
 import numpy as np
 import pytest
 
-from streamd.audio.activity import ANALYSE_S, BAND_HZ, FLOOR_S, FRAME_S, Activity
+from streamd.audio.activity import ANALYSE_S, BAND_HZ, BATCH_FRAMES, FLOOR_S, FRAME_S, Activity, ActivityBatch
 
 THRESHOLDS = [(-70.0, 9.0), (-45.0, 3.0), (-90.0, 20.0), (-70.0, 0.0)]  # the default (min_dbfs, rise_db), then others
 
@@ -159,3 +159,63 @@ def test_an_active_frame_decided_answers_without_analysing_the_audio_waiting() -
             early += 1
             assert any(a._active[max(0, int((t - 1.0) / FRAME_S)) - a._first:])
     assert early > 10
+
+
+def test_streams_of_one_batch_decide_each_as_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Streams sharing an `ActivityBatch` (a front end's): a question to one analyses every stream's
+    waiting audio in one FFT, and each stream decides its frames as the reference does for it alone,
+    whatever its thresholds, its pieces, and how much it has waiting (a second at once: several
+    blocks of frames) beside the others; a stream of another rate in the same batch too."""
+    ffts = []
+    rfft = np.fft.rfft
+    monkeypatch.setattr(np.fft, "rfft", lambda *a, **k: ffts.append(1) or rfft(*a, **k))
+    rng = np.random.default_rng(5)
+    batch = ActivityBatch()
+    streams = []  # (activity, its pieces, the reference's frames)
+    for rate in (16000, 8000):
+        for k, (name, x) in enumerate(signals(rate).items()):
+            min_dbfs, rise_db = THRESHOLDS[k % len(THRESHOLDS)]
+            x = x.astype(np.float32)
+            how = ["40 ms", "odd", "random", "tiny"][k % 4]
+            cut = [] if k == 2 else pieces(rng, x.size, how)  # one stream pushes its 6 s at once
+            streams.append((Activity(rate, min_dbfs, rise_db, batch), np.split(x, cut),
+                            expected_frames(rate, name, min_dbfs, rise_db)))
+    asks = 0
+    for turn in range(max(len(p) for _, p, _ in streams)):
+        for a, parts, _ in streams:
+            if turn < len(parts):
+                a.push(parts[turn])
+        if turn % 7 == 0 and len(batch):
+            before = len(ffts)
+            waiting = [a for a, _, _ in streams if a._waiting]
+            rates = {a.rate for a in waiting if a._rest.size + a._waiting_size >= a.frame}  # a whole frame waits
+            for rate in rates:  # each rate's frames fit one FFT call (`BATCH_FRAMES`)
+                assert sum((a._rest.size + a._waiting_size) // a.frame for a in waiting if a.rate == rate) <= BATCH_FRAMES
+            asked = waiting[turn % len(waiting)]
+            asked.frames  # noqa: B018 (a question about a stream with audio waiting: analyses the batch)
+            assert len(batch) == 0 and all(not a._waiting for a, _, _ in streams)
+            assert len(ffts) - before == len(rates)  # one FFT a rate
+            asks += len(rates) == 2
+    assert asks > 10
+    for a, _, expected in streams:
+        assert a.frames == len(expected)
+        assert frames_of(a) == expected
+
+
+def test_a_batch_s_fft_calls_take_at_most_batch_frames() -> None:
+    """A batch of many streams analyses them in FFT calls of at most `BATCH_FRAMES` frames (a
+    stream's frames in one call), each stream still deciding as it would alone."""
+    x = speech_like(np.random.default_rng(6), 16000, 3).astype(np.float32)
+    expected = reference(x, 16000, -70.0, 9.0)
+    batch = ActivityBatch()
+    streams = [Activity(16000, -70.0, 9.0, batch) for _ in range(40)]
+    calls = []
+    rfft = np.fft.rfft
+    for at in range(0, x.size, 2560):  # 160-ms chunks: 8 frames a stream, 320 a step of 40 streams
+        for a in streams:
+            a.push(x[at:at + 2560])
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(np.fft, "rfft", lambda frames, **k: calls.append(len(frames)) or rfft(frames, **k))
+            streams[0].frames  # noqa: B018 (a question: analyses the batch)
+    assert max(calls) <= BATCH_FRAMES and len(calls) >= 2 * (x.size // 2560)
+    assert all(frames_of(a) == expected for a in streams)
