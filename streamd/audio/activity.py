@@ -21,10 +21,11 @@ FLOOR_S = 1.5
 # The most audio a stream keeps waiting for analysis (float32: 77 KB at 16 kHz): more than the
 # longest chunk (1120 ms), so a stream whose session asks once a step is analysed once a step.
 ANALYSE_S = 1.2
-# The most frames one FFT call of a batch takes (`ActivityBatch`; a stream's frames are never split):
-# 32 streams of a 160-ms step, 4 of a 1120-ms one. Its arrays stay in a core's cache (~0.7 MB of
-# samples at 16 kHz), where a whole step of a front end's streams (700 streams of 1120 ms: 39,200
-# frames, 100 MB) cost more than a stream at a time (benchmarks/cpu-2026-12-07h-gate-batch).
+# The most frames (rows: a stream's last partial frame counts) one FFT call of a batch takes
+# (`ActivityBatch`; a stream's frames are never split): ~28 streams of a 160-ms step, 4 of a
+# 1120-ms one. Its arrays (~0.7 MB each) stay in a core's cache: 128 or 512 frames a call cost more
+# on a 160-ms step, and one call for a whole step of a front end's streams (700 streams of 1120
+# ms: 39,200 frames, 100 MB) more than a stream at a time (benchmarks/cpu-2026-12-07h-gate-batch).
 BATCH_FRAMES = 256
 _SILENT_DBFS = -200.0  # the level of digital silence (log of 0 kept finite)
 
@@ -80,6 +81,9 @@ class Activity:
         drop the forgotten ones."""
         if self._waiting:
             self._batch.analyse()
+        self._drop_forgotten()
+
+    def _drop_forgotten(self) -> None:
         drop = min(self._forget, self._first + len(self._active)) - self._first
         if drop > 0:
             del self._active[:drop]
@@ -129,11 +133,13 @@ class ActivityBatch:
         self._members[activity] = None
 
     def analyse(self) -> None:
-        """Decide the whole frames of every member's waiting samples; they leave the batch."""
+        """Decide the whole frames of every member's waiting samples, and drop each one's
+        forgotten frames (a stream whose questions the others' answer analyses nothing itself);
+        they leave the batch."""
         groups: dict[tuple[int, int], list[list[Activity]]] = {}
         frames: dict[tuple[int, int], int] = {}
         for a in self._members:  # streams of one rate share the FFT's frame, window and band
-            key, n = (a.rate, a.frame), (a._rest.size + a._waiting_size) // a.frame
+            key, n = (a.rate, a.frame), -(-(a._rest.size + a._waiting_size) // a.frame)  # rows: frames begun
             if key not in groups or frames[key] + n > BATCH_FRAMES:  # a new group once it is full
                 groups.setdefault(key, []).append([])
                 frames[key] = 0
@@ -142,33 +148,40 @@ class ActivityBatch:
         self._members.clear()
         for group in (g for of_rate in groups.values() for g in of_rate):
             _decide(group, _levels(group))
+            for a in group:
+                a._drop_forgotten()
 
 
 def _levels(group: list[Activity]) -> list[np.ndarray]:
     """Each stream's levels (dB, (n_i,)) of the whole frames of its rest and waiting samples, in
-    one FFT for all (the group's streams share a rate); what is short of a frame is its new rest."""
+    one FFT for all (the group's streams share a rate); what is short of a frame is its new rest.
+    Each stream's samples are laid out from a frame's start, its last partial frame padded with
+    zeros: the frames are rows of one array (no gathering copy), and a padded row's level is not used."""
     first, frame = group[0], group[0].frame
-    sizes = np.array([a._rest.size + a._waiting_size for a in group])
-    x = np.concatenate([piece for a in group for piece in (a._rest, *a._waiting)])
-    n = sizes // frame
-    ends = np.cumsum(sizes)
-    starts = ends - sizes
-    for a, start, k, end in zip(group, starts.tolist(), n.tolist(), ends.tolist()):
-        a._rest = x[start + k * frame:end].copy()
-        a._waiting.clear()
-        a._waiting_size = 0
-    total = int(n.sum())
-    if total == 0:
+    sizes = [a._rest.size + a._waiting_size for a in group]
+    if max(sizes) < frame:  # no whole frame: all is rest
+        for a in group:
+            a._rest = np.concatenate([a._rest, *a._waiting])
+            a._waiting.clear()
+            a._waiting_size = 0
         return [np.zeros(0)] * len(group)
-    before = np.cumsum(n) - n  # frames of the streams before each
-    at = np.repeat(starts, n) + frame * (np.arange(total) - np.repeat(before, n))  # each frame's first sample
-    frames = np.lib.stride_tricks.sliding_window_view(x, frame)[at]  # (total, frame)
-    spectrum = np.fft.rfft(frames * first._window_fn, axis=1)
+    pad = np.zeros(frame - 1, np.float32)
+    x = np.concatenate([piece for a, size in zip(group, sizes) for piece in (a._rest, *a._waiting, pad[:-size % frame])])
+    rows = x.reshape(-1, frame)
+    spectrum = np.fft.rfft(rows * first._window_fn, axis=1)
     power = np.abs(spectrum[:, first._band])
     power **= 2
     power = power.sum(axis=1) * first._scale
     level = np.maximum(10 * np.log10(np.maximum(power, 1e-30)), _SILENT_DBFS)
-    return np.split(level, np.cumsum(n)[:-1])
+    levels, row = [], 0
+    for a, size in zip(group, sizes):
+        n = size // frame
+        a._rest = x[(row + n) * frame:row * frame + size].copy()
+        a._waiting.clear()
+        a._waiting_size = 0
+        levels.append(level[row:row + n])
+        row += -(-size // frame)
+    return levels
 
 
 def _decide(group: list[Activity], levels: list[np.ndarray]) -> None:

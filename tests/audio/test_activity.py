@@ -219,3 +219,22 @@ def test_a_batch_s_fft_calls_take_at_most_batch_frames() -> None:
             streams[0].frames  # noqa: B018 (a question: analyses the batch)
     assert max(calls) <= BATCH_FRAMES and len(calls) >= 2 * (x.size // 2560)
     assert all(frames_of(a) == expected for a in streams)
+
+
+def test_a_stream_whose_audio_others_analyse_drops_what_it_forgot() -> None:
+    """Streams of a batch whose questions find their frames decided already (another stream's
+    question analysed the batch) still drop the frames they forgot: no stream's frames grow with
+    its length."""
+    x = speech_like(np.random.default_rng(7), 16000, 8).astype(np.float32)
+    batch = ActivityBatch()
+    asker, other = Activity(16000, -70.0, 9.0, batch), Activity(16000, -70.0, 9.0, batch)
+    for at in range(0, x.size, 2560):
+        end = (at + 2560) / 16000
+        for a in (asker, other):
+            a.push(x[at:at + 2560])
+        asker.active(end - 1.0, end)
+        other.active(end - 1.0, end)  # answered from the frames the asker's question decided
+        for a in (asker, other):
+            a.forget(end - 0.3)
+    assert len(other._active) <= 0.3 / FRAME_S + 8 and other._first > 0  # before a question of its own
+    assert other.frames == asker.frames == x.size // 320
