@@ -118,9 +118,9 @@ class ActivityBatch:
     """The streams of one thread (a front end's event loop) whose audio waits for analysis: a
     question to any of them analyses them all (`analyse`). A step's results reach a front end's
     streams together and each asks about its own frames, so the first question analyses the step's
-    audio of every stream: one FFT over all their frames, then the floors and decisions of the
-    streams with as many new frames as each other in a few numpy calls for all, not a dozen numpy
-    calls a stream. The decisions are each stream's alone. A stream that has ended stays until
+    audio of every stream: FFT calls of `BATCH_FRAMES` frames, then the floors and decisions of
+    the streams with as many new frames as each other in a few numpy calls for all, not a dozen
+    numpy calls a stream. The decisions are each stream's alone. A stream that has ended stays until
     the next analysis (with its samples: at most `ANALYSE_S`). Not for several threads."""
 
     def __init__(self) -> None:
