@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from websockets.protocol import State
 
 from helpers import fixture_model
 from streamd import protocol as p
@@ -16,7 +17,7 @@ from streamd.config import Config
 from streamd.engine.types import ChunkGeometry
 from streamd.errors import IdleTimeout, SlowConsumer, StreamdError
 from streamd.server.context import StreamContext
-from streamd.server.handler import Connection
+from streamd.server.handler import Connection, can_send_at_once
 from streamd.server.metrics import Metrics
 from streamd.session.core import Result
 
@@ -28,6 +29,7 @@ class Socket:
 
     def __init__(self) -> None:
         self.remote_address, self.request = None, None
+        self.state, self.transport = State.OPEN, Buffered(0, 65536)  # open, nothing waiting to be written
         self.sent: list[str] = []
         self.closed: tuple[int, str] | None = None
 
@@ -97,3 +99,32 @@ def test_an_error_is_reported_by_the_face_then_closes(error: StreamdError) -> No
         assert face.calls == [] and ws.sent == []
     else:
         assert face.calls == [error] and ws.sent == ["reported " + error.code]
+
+
+class Buffered:
+    """A transport's write buffer: `size` bytes in it, high-water mark `high`."""
+
+    def __init__(self, size: int, high: int) -> None:
+        self.size, self.high = size, high
+
+    def get_write_buffer_size(self) -> int:
+        return self.size
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return self.high // 4, self.high
+
+
+def test_a_send_goes_without_a_timer_only_when_it_cannot_wait() -> None:
+    """`send_text` skips its send timeout only where websockets' send cannot wait: the connection
+    open and the frame (counted at 4 bytes a character) fitting under the high-water mark; a slow
+    client's full buffer or a closing connection gets the timeout (tests/server/test_hostile.py:
+    the client that never reads is closed)."""
+    ws: Any = SimpleNamespace(state=State.OPEN, transport=Buffered(0, 65536))
+    assert can_send_at_once(ws, "x" * 300)
+    ws.transport.size = 65536 - 4 * 300 - 14
+    assert not can_send_at_once(ws, "x" * 300)
+    assert can_send_at_once(ws, "x" * 299)
+    ws.transport.size = 0
+    for state in (State.CLOSING, State.CLOSED):
+        ws.state = state
+        assert not can_send_at_once(ws, "x")
