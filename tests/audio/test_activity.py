@@ -163,7 +163,7 @@ def test_an_active_frame_decided_answers_without_analysing_the_audio_waiting() -
 
 def test_streams_of_one_batch_decide_each_as_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     """Streams sharing an `ActivityBatch` (a front end's): a question to one analyses every stream's
-    waiting audio in one FFT, and each stream decides its frames as the reference does for it alone,
+    waiting audio in one FFT a rate, and each stream decides its frames as the reference does for it alone,
     whatever its thresholds, its pieces, and how much it has waiting (a second at once: several
     blocks of frames) beside the others; a stream of another rate in the same batch too."""
     ffts = []
@@ -189,8 +189,8 @@ def test_streams_of_one_batch_decide_each_as_alone(monkeypatch: pytest.MonkeyPat
             before = len(ffts)
             waiting = [a for a, _, _ in streams if a._waiting]
             rates = {a.rate for a in waiting if a._rest.size + a._waiting_size >= a.frame}  # a whole frame waits
-            for rate in rates:  # each rate's frames fit one FFT call (`BATCH_FRAMES`)
-                assert sum((a._rest.size + a._waiting_size) // a.frame for a in waiting if a.rate == rate) <= BATCH_FRAMES
+            for rate in rates:  # each rate's frames (a partial one counts) fit one FFT call (`BATCH_FRAMES`)
+                assert sum(-(-(a._rest.size + a._waiting_size) // a.frame) for a in waiting if a.rate == rate) <= BATCH_FRAMES
             asked = waiting[turn % len(waiting)]
             asked.frames  # noqa: B018 (a question about a stream with audio waiting: analyses the batch)
             assert len(batch) == 0 and all(not a._waiting for a, _, _ in streams)
