@@ -80,8 +80,9 @@ class Activity:
         """Decide the whole frames of the samples waiting (the batch's, this stream's among them);
         drop the forgotten ones."""
         if self._waiting:
-            self._batch.analyse()
-        self._drop_forgotten()
+            self._batch.analyse()  # drops each analysed stream's forgotten frames, this one's among them
+        else:
+            self._drop_forgotten()
 
     def _drop_forgotten(self) -> None:
         drop = min(self._forget, self._first + len(self._active)) - self._first
