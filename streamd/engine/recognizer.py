@@ -61,6 +61,12 @@ MAPPED_RINGS = True
 # plan for each batch size it meets (1.3 ms of the engine thread's time at a new size: H100,
 # rows of 250-350 streams), and a daemon's steps are of every size.
 FEATURE_ROWS_PER_OCTAVE = 8
+# Every slot's ring holds at least this much audio beyond the step in flight: a stream this far
+# behind (a migration's pause, a burst of load) still writes each piece straight into its ring.
+# Past it, pieces wait in `SlotAudio.raw` and cost the engine thread per-stream Python to queue
+# and again to fill in, just when it is behind (measured: a tenth of its time in a daemon that
+# could not keep up at 160-ms chunks, H100); 1 s of 16-kHz rings is 64 kB a slot.
+RING_ROOM_S = 1.0
 
 
 class Recognizer:
@@ -126,12 +132,13 @@ class Recognizer:
         self._device_logmel: LogMel | None = None  # a copy on the model's device, made when needed
         # Every slot's raw samples, one ring each (`SlotAudio`): room for the samples of the step
         # in flight (held until the device has copied them), a whole next step's and half as many
-        # more, so that a stream that keeps up writes every piece straight into its ring (pieces
+        # more, and at least `RING_ROOM_S` of audio beyond the step in flight, so that a stream
+        # that keeps up, or is briefly behind, writes every piece straight into its ring (pieces
         # that do not fit wait in `SlotAudio.raw` until a step, at twice the host work); pinned
         # when the model starts on a GPU, so that its steps can copy straight from it (`ring_copy`).
         full = self.geometry.segment_samples(self.geometry.new_frames(False))
-        self._rings = torch.zeros((capacity, 2 * full + max(full // 2, 4096)), dtype=torch.float32,
-                                  pin_memory=model.device.type == "cuda")
+        ring = max(2 * full + max(full // 2, 4096), full + int(RING_ROOM_S * self.geometry.sample_rate))
+        self._rings = torch.zeros((capacity, ring), dtype=torch.float32, pin_memory=model.device.type == "cuda")
         self.audio = SlotAudio(self._rings.numpy(), self.geometry)
         self._rings_pinned = self._rings.is_pinned()  # asked once: each part would ask (a torch call)
         self._mapped: dict[torch.device, Tensor | None] = {}  # the rings seen from a device (`_mapped_rings`)

@@ -618,6 +618,30 @@ def test_a_launch_says_how_much_of_the_rings_it_copies() -> None:
     assert host.launch([stream]).ring_bytes == 0
 
 
+def test_a_stream_a_second_behind_still_writes_straight_into_its_ring() -> None:
+    """A stream `RING_ROOM_S` behind (a migration's pause, a burst of load) keeps every piece in
+    its ring, with a step's samples held by a launch not yet released: none waits in
+    `SlotAudio.raw` (the per-stream Python that made a lagging engine thread lag more). Another
+    step's worth more does wait there, and reaches the ring after steps."""
+    m = fixture_model("rnnt").model
+    rec = Recognizer(m, capacity=2, ring_copy=True)
+    g = rec.geometry
+    stream = rec.open()
+    piece = np.ones(g.sample_rate // 50, np.float32)  # 20-ms pieces, as clients send
+    for _ in range(-(-g.samples_for(g.new_frames(True)) // piece.size)):
+        stream.push_audio(piece)
+    rec.launch([stream])  # its step's samples stay held until the next launch
+    for _ in range(int(recognizer.RING_ROOM_S * g.sample_rate) // piece.size):  # a second behind it
+        stream.push_audio(piece)
+    assert not rec.audio.queued.any() and not rec.audio.raw
+    for _ in range(-(-g.segment_samples(g.new_frames(False)) // piece.size)):
+        stream.push_audio(piece)
+    assert rec.audio.queued[stream.slot]
+    while stream.ready:
+        rec.launch([stream])
+    assert not rec.audio.queued.any()
+
+
 def test_a_launch_says_how_long_it_waited_for_the_step_befores_ring_copies() -> None:
     """`Launched.ring_wait_s` (the engine's step line reports it): the time a launch spends
     waiting until the last launch's copies from the rings have happened, before it frees their
