@@ -23,7 +23,10 @@ class StepTimes:
     says how much of the streams' audio rings the steps copied to the device (`Launched.ring_bytes`:
     the rows' segments where the GPU reads the pinned rings themselves; else a dense part copies
     every ring in its slot range, however few of those streams it steps); the
-    step line, how much of a launch waited for the step before's copies (`Launched.ring_wait_s`)."""
+    step line, how much of a launch waited for the step before's copies (`Launched.ring_wait_s`).
+    The CPU line also says how busy the host's CPUs were and how much of their time the
+    hypervisor gave to other machines (`HostCpu`): on a virtual machine a thread can wait for
+    a core with the load average well under the CPU count."""
 
     every_s: float = 10.0
     steps: int = 0
@@ -38,6 +41,7 @@ class StepTimes:
     since: float = field(default_factory=time.perf_counter)
     cpu_since: float | None = None  # the engine thread's CPU time at the window's start (set by `add`)
     memory: Callable[[], str | None] | None = None  # the device's memory in words, for the GPU line
+    host: HostCpu = field(default_factory=lambda: HostCpu())
 
     def add(self, batch: int, launch_s: float, device_s: float, results_s: float,
             gpu_s: float | None = None, ring_bytes: int = 0, ring_wait_s: float = 0.0) -> None:
@@ -65,9 +69,9 @@ class StepTimes:
                      1e3 * self.results_s / n, 100 * max(0.0, 1 - busy / wall))
             cpu = time.thread_time()
             log.info("engine: the engine thread ran on a CPU %.0f %% of the time (launching and delivering "
-                     "took %.0f %%, serving the front ends some of the rest); load average %.1f on %d CPUs",
+                     "took %.0f %%, serving the front ends some of the rest); load average %.1f on %d CPUs%s",
                      100 * (cpu - self.cpu_since) / wall, 100 * (self.launch_s + self.results_s) / wall,
-                     os.getloadavg()[0], _cpus())
+                     os.getloadavg()[0], _cpus(), self.host.since_last())
             self.cpu_since = cpu
             if self.gpu_steps:
                 memory = self.memory() if self.memory is not None else None
@@ -79,6 +83,39 @@ class StepTimes:
             self.steps = self.streams = self.gpu_steps = self.ring_bytes = 0
             self.launch_s = self.ring_wait_s = self.device_s = self.results_s = self.gpu_s = 0.0
             self.since = now
+
+
+class HostCpu:
+    """The host's CPU time between two calls, from the kernel's counters (`/proc/stat`'s first
+    line: user, nice, system, idle, iowait, irq, softirq, steal, in clock ticks)."""
+
+    def __init__(self, path: str = "/proc/stat") -> None:
+        self.path = path
+        self._last = self._read()
+
+    def since_last(self) -> str:
+        """'; the host's CPUs N % busy, M % stolen by the hypervisor' since the last call (or
+        since this was made); '' where the counters cannot be read (not Linux)."""
+        now, last = self._read(), self._last
+        self._last = now
+        if now is None or last is None:
+            return ""
+        d = [a - b for a, b in zip(now, last)]
+        total = sum(d[:8])
+        if total <= 0:
+            return ""
+        busy = total - d[3] - d[4] - d[7]  # running: all but idle, iowait and stolen
+        return f"; the host's CPUs {100 * busy / total:.0f} % busy, {100 * d[7] / total:.0f} % stolen by the hypervisor"
+
+    def _read(self) -> list[int] | None:
+        try:
+            with open(self.path) as f:
+                fields = f.readline().split()
+        except OSError:
+            return None
+        if len(fields) < 9 or fields[0] != "cpu":
+            return None
+        return [int(x) for x in fields[1:9]]
 
 
 def _cpus() -> int:

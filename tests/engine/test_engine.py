@@ -6,6 +6,7 @@ import copy
 import logging
 import threading
 import time
+from pathlib import Path
 from collections.abc import Callable
 
 import numpy as np
@@ -16,7 +17,7 @@ from helpers import random_model
 from streamd.engine import migration
 from streamd.engine.recognizer import Recognizer
 from streamd.engine.engine import Engine
-from streamd.engine.step_times import StepTimes
+from streamd.engine.step_times import HostCpu, StepTimes
 from streamd.engine.stream import Stream
 
 
@@ -219,6 +220,22 @@ def test_step_times_report_where_the_engine_thread_went(caplog: pytest.LogCaptur
     assert "launching and delivering took" in cpu and "load average" in cpu  # GIL or core waits show here
     assert not any("GPU" in r.getMessage() for r in caplog.records)  # no step measured the device
     assert times.steps == 0 and times.launch_s == 0.0
+
+
+def test_the_cpu_line_says_how_busy_the_hosts_cpus_were_and_what_was_stolen(tmp_path: Path,
+                                                                            caplog: pytest.LogCaptureFixture) -> None:
+    """`HostCpu`: from the kernel's counters between two reports, the host's CPUs' running share
+    and the hypervisor's (steal); nothing said where the counters cannot be read."""
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3\n")
+    times = StepTimes(every_s=0.0, host=HostCpu(str(stat)))
+    # since: user +300, system +100, idle +400, iowait +0, steal +200 of 1000 ticks
+    stat.write_text("cpu  400 0 150 1200 50 0 0 200 0 0\ncpu0 1 2 3\n")
+    with caplog.at_level(logging.INFO, logger="streamd.engine"):
+        times.add(10, 0.001, 0.001, 0.001)
+    cpu = next(r.getMessage() for r in caplog.records if "ran on a CPU" in r.getMessage())
+    assert cpu.endswith("; the host's CPUs 40 % busy, 20 % stolen by the hypervisor")
+    assert HostCpu(str(tmp_path / "absent")).since_last() == ""
 
 
 def test_step_times_report_the_gpus_own_time_when_steps_measured_it(caplog: pytest.LogCaptureFixture) -> None:
