@@ -173,8 +173,8 @@ def engine_capacity(model_path: Path, item: Item, args: argparse.Namespace, seco
     # The next step's chunks of every stream, one after the other, made on a thread of their own
     # while this one steps: the daemon's engine thread takes each front end's message from
     # memory the front-end process filled, and copies its samples once, into the rings
-    # (`push_many`). Gathering them from the tone here (a second copy, as long as the first: 16
-    # and 19 ms at 10240 x 160 ms on a 2-core VM) would be host work the daemon does not do.
+    # (`push_many`). Gathering them from the tone here (a second copy, about as long as the first:
+    # benchmarks/cpu-2026-12-07j-feed) would be host work the daemon does not do.
     messages = ThreadPoolExecutor(1, thread_name_prefix="bench-front-end")
     ahead: list[tuple[int, Future[np.ndarray]]] = []  # (streams, their next chunks), at most one
 
