@@ -10,6 +10,39 @@ from dataclasses import dataclass, field
 log = logging.getLogger("streamd.engine")
 
 
+class HostCpu:
+    """The host's CPU time between two calls, from the kernel's counters (`/proc/stat`'s first
+    line: user, nice, system, idle, iowait, irq, softirq, steal, in clock ticks)."""
+
+    def __init__(self, path: str = "/proc/stat") -> None:
+        self.path = path
+        self._last = self._read()
+
+    def since_last(self) -> str:
+        """'; the host's CPUs N % busy, M % stolen by the hypervisor' since the last call (or
+        since this was made); '' where the counters cannot be read (not Linux)."""
+        now, last = self._read(), self._last
+        self._last = now
+        if now is None or last is None:
+            return ""
+        d = [a - b for a, b in zip(now, last)]
+        total = sum(d[:8])
+        if total <= 0:
+            return ""
+        busy = total - d[3] - d[4] - d[7]  # running: all but idle, iowait and stolen
+        return f"; the host's CPUs {100 * busy / total:.0f} % busy, {100 * d[7] / total:.0f} % stolen by the hypervisor"
+
+    def _read(self) -> list[int] | None:
+        try:
+            with open(self.path) as f:
+                fields = f.readline().split()
+        except OSError:
+            return None
+        if len(fields) < 9 or fields[0] != "cpu":
+            return None
+        return [int(x) for x in fields[1:9]]
+
+
 @dataclass
 class StepTimes:
     """Where the engine thread's time went since the last report (logged every `every_s`): each
@@ -41,7 +74,7 @@ class StepTimes:
     since: float = field(default_factory=time.perf_counter)
     cpu_since: float | None = None  # the engine thread's CPU time at the window's start (set by `add`)
     memory: Callable[[], str | None] | None = None  # the device's memory in words, for the GPU line
-    host: HostCpu = field(default_factory=lambda: HostCpu())
+    host: HostCpu = field(default_factory=HostCpu)
 
     def add(self, batch: int, launch_s: float, device_s: float, results_s: float,
             gpu_s: float | None = None, ring_bytes: int = 0, ring_wait_s: float = 0.0) -> None:
@@ -83,39 +116,6 @@ class StepTimes:
             self.steps = self.streams = self.gpu_steps = self.ring_bytes = 0
             self.launch_s = self.ring_wait_s = self.device_s = self.results_s = self.gpu_s = 0.0
             self.since = now
-
-
-class HostCpu:
-    """The host's CPU time between two calls, from the kernel's counters (`/proc/stat`'s first
-    line: user, nice, system, idle, iowait, irq, softirq, steal, in clock ticks)."""
-
-    def __init__(self, path: str = "/proc/stat") -> None:
-        self.path = path
-        self._last = self._read()
-
-    def since_last(self) -> str:
-        """'; the host's CPUs N % busy, M % stolen by the hypervisor' since the last call (or
-        since this was made); '' where the counters cannot be read (not Linux)."""
-        now, last = self._read(), self._last
-        self._last = now
-        if now is None or last is None:
-            return ""
-        d = [a - b for a, b in zip(now, last)]
-        total = sum(d[:8])
-        if total <= 0:
-            return ""
-        busy = total - d[3] - d[4] - d[7]  # running: all but idle, iowait and stolen
-        return f"; the host's CPUs {100 * busy / total:.0f} % busy, {100 * d[7] / total:.0f} % stolen by the hypervisor"
-
-    def _read(self) -> list[int] | None:
-        try:
-            with open(self.path) as f:
-                fields = f.readline().split()
-        except OSError:
-            return None
-        if len(fields) < 9 or fields[0] != "cpu":
-            return None
-        return [int(x) for x in fields[1:9]]
 
 
 def _cpus() -> int:
