@@ -45,12 +45,14 @@ def eager_encoder(model: Transducer) -> EncoderStep:
 
 
 PART_ROWS = 1024  # streams per launched part of a GPU step (see `Recognizer`)
-# A part whose slots span more than this many rings per stream copies its own rows' segments,
-# gathered on the host, instead of the whole slot range (`Recognizer._ring_segments`). The
-# gather is a memcpy on the engine thread (4-15 GB/s on 2 CPU cores: 300 segments of 73 KB, at
-# 1120 ms, in 3.0-3.5 ms), the range's copy runs at PCIe speed on a stream of its own, beside
-# the step before: only a much sparser range is worth the host's time.
-RING_SPAN = 16
+# A part whose slot range's rings hold more than this many times the samples its rows' segments
+# need copies its own rows' segments, gathered on the host, instead of the whole slot range
+# (`Recognizer._ring_segments`). The gather is a memcpy on the engine thread (4-15 GB/s on 2 CPU
+# cores: 300 segments of 73 KB, at 1120 ms, in 3.0-3.5 ms), the range's copy runs at PCIe speed on
+# a stream of its own, beside the step before: only a much sparser range is worth the host's
+# time. (Counted in samples, not rings, so that rings with more room do not make the copy dearer:
+# 48 is what 16 rings a stream were before `RING_ROOM_S`, 40-54 segments.)
+RING_SPAN = 48
 # A GPU step reads its rows' segments straight from the pinned rings, over the bus (the rings
 # seen as a device tensor: unified addressing maps pinned host memory), instead of copying a
 # slot range or a host-gathered batch (`Recognizer._read_mapped`): only the samples it uses
@@ -412,8 +414,8 @@ class Recognizer:
         """Every row's `size` samples from ring position `at` on, cut out on `device` from one
         copy; slots: (b,) the part's slots on the host; rows (the same slots), at: (b,) int64 on
         `device` (`at_host`: the same on the host). Returns (b, size) fp32. The copy is of the
-        slot range when it is dense (at most RING_SPAN rings a stream), cut on the device; else
-        of the rows' own segments, gathered on the host into pinned memory first
+        slot range when it is dense (its rings at most RING_SPAN times the rows' segments), cut on
+        the device; else of the rows' own segments, gathered on the host into pinned memory first
         (`_gather_segments`): a daemon's small steps spread over thousands of slots, whose whole
         range is up to 0.9 GB of rings for a step of ~130 streams (1120 ms chunks, 4912
         streams), against 23 MB of their own rings and 9 MB of their segments. The rings'
@@ -423,7 +425,7 @@ class Recognizer:
         if device.type == "cuda" and (mapped := self._mapped_rings(device)) is not None:
             return self._read_mapped(mapped, slots, at_host, size, device)
         lo, hi = int(slots.min()), int(slots.max()) + 1
-        sparse = hi - lo > RING_SPAN * slots.size
+        sparse = (hi - lo) * self._rings.shape[1] > RING_SPAN * slots.size * size
         if sparse:
             source = _host(device, (slots.size, size), torch.float32)
             order = _host(device, (slots.size,), torch.int64)

@@ -592,8 +592,8 @@ def test_a_gpu_steps_features_make_a_cufft_plan_per_bucket_not_per_batch_size() 
 
 def test_a_launch_says_how_much_of_the_rings_it_copies() -> None:
     """`Launched.ring_bytes` (the engine's GPU line reports it): a dense part copies its whole
-    slot range, every ring in it; a sparse one (slots spread over more than `RING_SPAN` rings a
-    stream) only its rows' segments."""
+    slot range, every ring in it; a sparse one (whose range's rings hold more than `RING_SPAN` times
+    the samples of its rows' segments) only its rows' segments."""
     m = fixture_model("rnnt").model
     rec = Recognizer(m, capacity=40, ring_copy=True, part_rows=None)
     streams = [rec.open() for _ in range(40)]
@@ -609,8 +609,9 @@ def test_a_launch_says_how_much_of_the_rings_it_copies() -> None:
         launched = rec.launch(batch)
         launched.collect()
         span = max(slots) - min(slots) + 1
-        assert (span <= recognizer.RING_SPAN * len(slots)) == dense
-        want = span * ring if dense else len(slots) * g.segment_samples(news)
+        segments = len(slots) * g.segment_samples(news)
+        assert (span * ring <= recognizer.RING_SPAN * segments) == dense
+        want = span * ring if dense else segments
         assert launched.ring_bytes == 4 * want
     host = Recognizer(m, capacity=2, ring_copy=False)  # the host batch: no ring is copied
     stream = host.open()
