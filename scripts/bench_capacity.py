@@ -5,9 +5,9 @@ CUDA graphs on/off.
 
 * engine: one `Recognizer` (the daemon's encoder and decoder step factories) steps N streams
   that all have a chunk ready, in this process; N is kept real time when its steps (audio in,
-  features, encoder, decoder, results), pipelined as the daemon's engine does (each launched
-  while the one before runs on the device, then the one before collected), take at most one
-  chunk each. Each level also reports the median step alone (synchronised: every step reads its
+  features, encoder, decoder, results delivered as the daemon's engine thread delivers them to
+  `--workers` front ends), pipelined as the daemon's engine does (each launched while the one
+  before runs on the device, then the one before collected), take at most one chunk each. Each level also reports the median step alone (synchronised: every step reads its
   labels back before the next begins), the measure of the runs before 2026-12-05e. N doubles from
   `--engine-start`, then bisects. An upper bound: no churn, every step full.
 * live: the fair denominator for the daemon (`scripts/live_engine.py`): the daemon's own `Engine`
@@ -131,6 +131,24 @@ def per_stream_bytes(model: Any, att_context: tuple[int, int]) -> int:
 PIPELINED_STEPS = 8  # launched back to back: the mean of the 6 steady intervals between their collections
 
 
+def deliver(results: Any, front_ends: int) -> list[Any]:
+    """What the daemon's engine thread makes of a landed step's `StepResults` (row i: stream i):
+    with front ends, each one's rows as one framed `Results` message (`Bridge._deliver`, the
+    socket write left out; the front end makes each stream's `ChunkResult` of them), stream i
+    for front end i % front_ends; without, every row's `ChunkResult` (the in-process sessions'
+    queue items)."""
+    from streamd.server.channel import _frame
+    from streamd.server.link import Results
+
+    if not front_ends:
+        return results.chunks()  # type: ignore[no-any-return]
+    frames = []
+    for f in range(front_ends):
+        rows = np.arange(f, len(results), front_ends, dtype=np.int64)
+        frames.append(_frame([Results(rows, results.rows(rows))]))
+    return frames
+
+
 def engine_capacity(model_path: Path, item: Item, args: argparse.Namespace, seconds: float) -> dict[str, Any]:
     """Largest N whose median engine step over N ready streams takes at most one chunk."""
     import torch
@@ -242,21 +260,21 @@ def engine_capacity(model_path: Path, item: Item, args: argparse.Namespace, seco
         nor its draining, a wait for the last step with nothing launched behind it). Also the
         median of each part of a step on the host (feeding: copying the chunks into the rings, with
         any wait for the thread that gathers them; launching, of which waiting for the
-        step before's ring reads, collecting, making the chunks) and of the device's time a step
+        step before's ring reads, collecting, delivering the results) and of the device's time a step
         (CUDA only; the step's span on the device after the one before ended)."""
         parts: dict[str, list[float]] = {k: [] for k in ("feed_s", "launch_s", "ring_wait_s", "collect_s",
-                                                          "chunks_s", "device_s")}
+                                                          "deliver_s", "device_s")}
 
-        done: list[float] = []  # when each step's chunks were made
+        done: list[float] = []  # when each step's results were delivered
 
         def collected(step: Any, before: Any) -> None:
             t = time.perf_counter()
             results = step.collect()
             parts["collect_s"].append(time.perf_counter() - t)
             t = time.perf_counter()
-            results.chunks()
+            deliver(results, args.workers)
             done.append(time.perf_counter())
-            parts["chunks_s"].append(done[-1] - t)
+            parts["deliver_s"].append(done[-1] - t)
             if (device_s := step.device_s(before)) is not None:
                 parts["device_s"].append(device_s)
 

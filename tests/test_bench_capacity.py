@@ -7,6 +7,7 @@ import socket
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from conftest import FIXTURES, REPO
@@ -14,6 +15,8 @@ from conftest import FIXTURES, REPO
 sys.path.insert(0, str(REPO / "scripts"))
 import bench_capacity  # noqa: E402
 from streamd.engine.recognizer import PART_ROWS  # noqa: E402
+from streamd.engine.types import StepResults  # noqa: E402
+from streamd.server.channel import HEADER, _load  # noqa: E402
 
 
 def test_live_level_churns_and_reports() -> None:
@@ -52,10 +55,25 @@ def test_engine_levels_are_stepped_pipelined_and_alone() -> None:
         assert r["step_s"] > 0 and r["unpipelined_step_s"] > 0 and r["passed"] == (r["step_s"] <= result["chunk_s"])
         assert r["queued"] == 0  # fed as real-time clients feed: no stream's audio waits outside its ring
         host = r["pipelined"]  # the host's parts of a pipelined step (no device time on the CPU)
-        assert set(host) == {"feed_s", "launch_s", "ring_wait_s", "collect_s", "chunks_s"}
+        assert set(host) == {"feed_s", "launch_s", "ring_wait_s", "collect_s", "deliver_s"}
         assert host["launch_s"] > 0 and host["ring_wait_s"] == 0 and r["pipelined_steps"] == 8
     assert result["capacity"] == max([r["streams"] for r in rows if r["passed"]], default=0)
     assert result["part_rows"] == PART_ROWS
+
+
+def test_engine_levels_deliver_results_as_the_daemon_to_its_front_ends() -> None:
+    """With front ends, a landed step leaves the engine item as the daemon's engine thread sends
+    it: one framed `Results` a front end, whose rows are that front end's streams' results."""
+    labels = np.arange(5 * 3, dtype=np.int64).reshape(5, 3)
+    results = StepResults(labels, labels + 100, np.array([0, 1, 3, 2, 0]), np.arange(5), np.arange(5) + 2)
+    frames = bench_capacity.deliver(results, 2)
+    got = {}
+    for frame in frames:
+        body = b"".join(bytes(part) for part in frame)
+        (message,) = _load(bytearray(body[HEADER.size:]), HEADER.unpack_from(body)[1])
+        got.update(message.items())
+    assert got == dict(enumerate(results.chunks()))
+    assert bench_capacity.deliver(results, 0) == results.chunks()  # in-process sessions: the chunks
 
 
 def test_engine_levels_step_in_parts_of_the_rows_asked() -> None:
