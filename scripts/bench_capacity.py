@@ -466,7 +466,7 @@ def run_level(url: str, n: int, audios: list[load.Audio], args: argparse.Namespa
               daemon_pid: int) -> dict[str, Any]:
     """load.py's level (N real-time streams), plus the CPU used by the clients and the daemon."""
     load.wait_idle(url)
-    before, buckets = load.scrape(url), step_buckets(url)
+    before, buckets, paths = load.scrape(url), step_buckets(url), labelled(url, AUDIO_MESSAGES)
     send_s = args.send_ms / 1000
     start_at = time.time() + 1.0
     procs = min(args.client_procs, n)
@@ -486,6 +486,8 @@ def run_level(url: str, n: int, audios: list[load.Audio], args: argparse.Namespa
     after = load.scrape(url)
     level = {**load.summarize(len(stats), stats, before, after, args), "streams": n, "opened": len(stats)}
     level["server"]["decode_step_seconds_at_most"] = bucket_quantiles(buckets, step_buckets(url))
+    # inline: samples sent in the channel message, the front end's pipe full (the engine thread behind)
+    level["server"]["audio_messages"] = {k: v - paths.get(k, 0.0) for k, v in labelled(url, AUDIO_MESSAGES).items()}
     level["load_generator"] = {"processes": procs, "cpu_s": round(client_cpu, 1), "wall_s": round(wall, 1),
                                "cores_used": round(client_cpu / wall, 2),
                                "max_process_cores": round(max(r[1] for r in results) / wall, 2)}
@@ -494,15 +496,23 @@ def run_level(url: str, n: int, audios: list[load.Audio], args: argparse.Namespa
     return level
 
 
-def step_buckets(url: str) -> dict[float, float]:
-    """The daemon's step-time histogram (`streamd_decode_step_seconds`): steps so far at most
-    each bucket's bound."""
+def labelled(url: str, prefix: str) -> dict[str, float]:
+    """The daemon's samples of one metric with one label, by label value: /metrics lines
+    `{prefix}"VALUE"} COUNT`."""
     http = url.replace("ws", "http", 1) + "/metrics"
     with urllib.request.urlopen(http, timeout=10) as r:
         text = r.read().decode()
-    prefix = 'streamd_decode_step_seconds_bucket{le="'
-    return {float(line[len(prefix):].split('"')[0]): float(line.rsplit(" ", 1)[1])
+    return {line[len(prefix):].split('"')[0]: float(line.rsplit(" ", 1)[1])
             for line in text.splitlines() if line.startswith(prefix)}
+
+
+def step_buckets(url: str) -> dict[float, float]:
+    """The daemon's step-time histogram (`streamd_decode_step_seconds`): steps so far at most
+    each bucket's bound."""
+    return {float(le): n for le, n in labelled(url, 'streamd_decode_step_seconds_bucket{le="').items()}
+
+
+AUDIO_MESSAGES = 'streamd_front_audio_messages_total{path="'  # front ends' audio messages by path
 
 
 def bucket_quantiles(before: dict[float, float], after: dict[float, float]) -> dict[str, float | str | None]:
@@ -593,6 +603,9 @@ def print_level(level: dict[str, Any]) -> None:
     print(f"          clients: {lg['processes']} processes, {lg['cores_used']} cores "
           f"(busiest {lg['max_process_cores']}); daemon {dc['cores_used']} cores (engine process) "
           f"+ {dc['front_ends_cores_used']} ({dc['front_ends']} front-end processes)", flush=True)
+    if paths := level["server"].get("audio_messages"):
+        print(f"          front ends' audio messages: {paths.get('shared', 0):.0f} shared, "
+              f"{paths.get('inline', 0):.0f} inline (pipe full)", flush=True)
 
 
 def daemon_capacity(model_path: Path, item: Item, guess: int, args: argparse.Namespace, seconds: float

@@ -105,12 +105,17 @@ def test_daemon_churn_opens_new_connections() -> None:
         url = daemon.wait_serving(timeout=120)
         stats, cpu_s = bench_capacity.churn_worker(url, [0, 1, 2], 3, [load.tone_bursts(seconds=2.0)], stream_s=0.5,
                                                    level_s=2.0, send_s=0.1, start_at=time.time() + 0.2)
+        steps = bench_capacity.step_buckets(url)  # what a level reports beside the clients' view
+        paths = bench_capacity.labelled(url, bench_capacity.AUDIO_MESSAGES)
     finally:
         daemon.stop()
     per_slot = [sum(s["index"] == i for s in stats) for i in range(3)]
     assert min(per_slot) >= 2  # each slot's first stream (at most 0.5 s), then more until 2 s
     assert all(s["error"] is None and s["drain"] is not None for s in stats)
     assert cpu_s > 0
+    assert steps[float("inf")] > 0 and steps == dict(sorted(steps.items()))  # every step, in buckets' order
+    assert set(paths) == {"shared", "inline"}  # no front ends (--workers 0): none sent, both counted as 0
+    assert not any(paths.values())
 
 
 def test_level_search_runs_the_asked_levels_or_bisects() -> None:
