@@ -25,7 +25,7 @@ from streamd.config import Config
 from streamd.errors import CapacityError, StreamFailed
 from streamd.engine.types import ChunkGeometry, EngineSession, EngineStatus
 from streamd.model.tokenizer import Tokenizer
-from streamd.server.audio_pipe import AudioPipe
+from streamd.server.audio_pipe import AudioPipe, runs
 from streamd.server.channel import BlockingEnd
 from streamd.server.front import Front
 from streamd.server.link import (CloseStream, Done, EndStream, Evict, Failed, FrontMetrics, Handoff, MetricsRequest,
@@ -239,26 +239,32 @@ class RemoteEngine:
             self._loop.call_later(COALESCE_S, self._flush)
 
     def _flush(self) -> None:
-        """One channel message: the audio queued (its samples put in the pipe, or in the message
-        when the pipe has no room), then the other messages in order. Audio first keeps the order
-        that matters: no stream sends audio after its `end` or `close`, and none before its `open`
-        was answered."""
+        """One channel message: the audio queued, then the other messages in order. Audio first
+        keeps the order that matters: no stream sends audio after its `end` or `close`, and none
+        before its `open` was answered."""
         self._flush_due = False
         batch = self._pending
         if self._audio:
-            stream_ids = [stream_id for stream_id, _ in self._audio]
-            pieces = [a for _, a in self._audio]
-            sizes = [a.size for a in pieces]
-            put = self.audio.put(pieces)
-            audio = StreamAudio(stream_ids, sizes, np.concatenate(pieces)) if put is None \
-                else SharedAudio(stream_ids, sizes, *put)
-            assert self._state is not None
-            self._state.metrics.audio_messages.labels(path="inline" if put is None else "shared").inc()
-            batch = [audio, *batch]
+            batch = [*self._audio_messages(), *batch]
             self._audio = []
         if batch:
             self._out.put(batch)
             self._pending = []
+
+    def _audio_messages(self) -> list[SharedAudio | StreamAudio]:
+        """The audio queued, in order, in runs of at most a share of the pipe (`audio_pipe.runs`):
+        each run's samples put in the pipe, or in its message when the pipe has no room."""
+        assert self._state is not None
+        out: list[SharedAudio | StreamAudio] = []
+        for a, b in runs([piece.size for _, piece in self._audio], self.audio.capacity):
+            stream_ids = [stream_id for stream_id, _ in self._audio[a:b]]
+            pieces = [piece for _, piece in self._audio[a:b]]
+            sizes = [piece.size for piece in pieces]
+            put = self.audio.put(pieces)
+            out.append(StreamAudio(stream_ids, sizes, np.concatenate(pieces)) if put is None
+                       else SharedAudio(stream_ids, sizes, *put))
+            self._state.metrics.audio_messages.labels(path="inline" if put is None else "shared").inc()
+        return out
 
     def _write_all(self) -> None:
         while (messages := self._out.get()) is not None:

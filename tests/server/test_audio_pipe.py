@@ -6,7 +6,10 @@ import multiprocessing
 import numpy as np
 import pytest
 
-from streamd.server.audio_pipe import ALIGN, AudioPipe
+from streamd.server.audio_pipe import ALIGN, RUN_SHARE, AudioPipe, runs
+from streamd.server.link import SharedAudio, StreamAudio
+from streamd.server.metrics import Metrics
+from streamd.server.worker import RemoteEngine
 
 
 def pieces(*sizes: int, start: float = 0.0) -> list[np.ndarray]:
@@ -84,3 +87,39 @@ def test_without_memfd_an_unlinked_temporary_file_holds_the_pipe(monkeypatch: py
     assert put is not None
     np.testing.assert_array_equal(pipe.view(put[0], 5), np.arange(5, dtype=np.float32))
     pipe.close()
+
+
+def test_runs_cut_queued_pieces_in_order_at_a_share_of_the_pipe() -> None:
+    share = 4096 // RUN_SHARE  # 512 bytes: 128 samples
+    assert runs([], 4096) == []
+    assert runs([100, 28, 1, 200, 50, 60], 4096) == [(0, 2), (2, 3), (3, 4), (4, 6)]  # 200 alone: larger than a run
+    assert all(4 * sum([100, 28, 1, 200, 50, 60][a:b]) <= share or b - a == 1
+               for a, b in runs([100, 28, 1, 200, 50, 60], 4096))
+
+
+class _State:
+    def __init__(self) -> None:
+        self.metrics = Metrics(process=False)
+
+
+def test_a_late_flush_larger_than_half_the_pipe_still_goes_through_it() -> None:
+    """A front end whose event loop woke late has more audio queued than one message of the pipe
+    takes: it leaves in runs, each in the pipe, in order; only a run the pipe has no room for
+    goes in its message."""
+    remote = RemoteEngine(None, AudioPipe.create(4096), None)  # type: ignore[arg-type]
+    remote._state = _State()  # type: ignore[assignment]
+    sent = pieces(*([50] * 12))  # 2400 bytes queued: more than half of 4096
+    remote._audio = [(i % 3, p) for i, p in enumerate(sent)]
+    messages = remote._audio_messages()
+    assert all(isinstance(m, SharedAudio) for m in messages) and len(messages) == 6  # 2 pieces (400 bytes) a run
+    assert [i for m in messages for i in m.stream_ids] == [i % 3 for i in range(12)]
+    got = np.concatenate([remote.audio.view(m.at, sum(m.sizes)) for m in messages])
+    np.testing.assert_array_equal(got, np.concatenate(sent))
+    # the reader took none of it: of 6 more runs, those the pipe has no room for go inline, in order
+    remote._audio = [(7, p) for p in pieces(*([50] * 12), start=1000.0)]
+    later = remote._audio_messages()
+    assert [type(m) for m in later] == [SharedAudio] * 3 + [StreamAudio] * 3  # 6 x 448 bytes used, 3 more fit
+    inline = np.concatenate([m.samples for m in later if isinstance(m, StreamAudio)])
+    np.testing.assert_array_equal(inline, np.arange(1300, 1600, dtype=np.float32))
+    counted = remote._state.metrics.audio_messages  # type: ignore[union-attr]
+    assert counted.labels(path="shared")._value.get() == 9 and counted.labels(path="inline")._value.get() == 3
