@@ -16,8 +16,8 @@ The samples are written before the message that names them leaves through the so
 call), so the reader never sees a message before its bytes.
 
 A front end's queued audio leaves in runs of at most `RUN_SHARE` of the pipe (`runs`): a flush
-late by a busy event loop (07g's front ends woke 0.3-1 s late at 800 streams each: 15-50 MB of
-audio) still goes through the pipe, in several messages. A run that does not fit (the reader is
+late by a busy event loop (in benchmarks/h100-2026-12-07g, front ends of ~800 streams woke 0.3-1 s
+late: up to 15-50 MB of audio waiting) still goes through the pipe, in several messages. A run that does not fit (the reader is
 behind by more than the pipe holds) goes through the channel as before (`link.StreamAudio`):
 nothing waits and nothing is lost.
 """
