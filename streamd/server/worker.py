@@ -5,17 +5,18 @@ engine in the daemon's main process, reached through a channel (`server/frontend
 is held here until it completes the engine's next chunk (`ChunkGate`), then goes as one piece
 (through shared memory: `server/audio_pipe.py`);
 commands of a few milliseconds (`COALESCE_S`) go to the engine in one message; results come back
-one message per engine hand-over. Two threads here do the channel's blocking reads and writes,
-off the event loop.
+one message per engine hand-over. The event loop reads and writes the channel itself, without
+blocking (`NonBlockingEnd`): threads doing it beside a busy loop wait for the GIL at every system
+call (the convoy effect: benchmarks/cpu-2026-12-07l-convoy, messages seconds late at a loop's full load).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
-import queue
+import select
 import signal
-import threading
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -26,7 +27,7 @@ from streamd.errors import CapacityError, StreamFailed
 from streamd.engine.types import ChunkGeometry, EngineSession, EngineStatus
 from streamd.model.tokenizer import Tokenizer
 from streamd.server.audio_pipe import AudioPipe, runs
-from streamd.server.channel import BlockingEnd
+from streamd.server.channel import NonBlockingEnd
 from streamd.server.front import Front
 from streamd.server.link import (CloseStream, Done, EndStream, Evict, Failed, FrontMetrics, Handoff, MetricsRequest,
                                  MetricsText, NeedRoom, Opened, OpenStream, Reconfigure, Results, SharedAudio, Shutdown,
@@ -44,6 +45,7 @@ METRICS_TEXT_TIMEOUT_S = 2.0  # then /metrics serves the last text the engine's 
 # front end's messages between steps, then handles a few hundred a second, not one per turn of
 # each event loop (thousands at a thousand streams). Small beside a chunk (80 ms or more).
 COALESCE_S = 0.004
+STOP_FLUSH_S = 5.0  # at exit, the most time to write what the channel has not taken yet
 
 
 def run(spec: WorkerSpec) -> None:
@@ -56,7 +58,7 @@ def run(spec: WorkerSpec) -> None:
 
 
 async def _serve(spec: WorkerSpec) -> None:
-    engine = RemoteEngine(BlockingEnd(spec.sock), spec.audio, spec.status)
+    engine = RemoteEngine(NonBlockingEnd(spec.sock), spec.audio, spec.status)
     state = StreamContext(spec.config, engine, Tokenizer(spec.tokenizer), Metrics(process=False),
                           spec.model_name, census=spec.census, census_slot=spec.index,
                           sessions=Sessions(spec.config.server.resume_grace_s),
@@ -132,7 +134,7 @@ class ChunkGate:
 class RemoteEngine:
     """The engine as a front-end process sees it (the `EngineClient` surface)."""
 
-    def __init__(self, channel: BlockingEnd, audio: AudioPipe, status: EngineStatus) -> None:
+    def __init__(self, channel: NonBlockingEnd, audio: AudioPipe, status: EngineStatus) -> None:
         self.channel, self.audio = channel, audio
         self._status = status
         self._state: StreamContext | None = None
@@ -147,9 +149,8 @@ class RemoteEngine:
         self._audio: list[tuple[int, np.ndarray]] = []  # (stream_id, float32 samples) queued since the last message
         self._gates: dict[int, ChunkGate] = {}  # per open stream: audio short of its next chunk
         self._flush_due = False
-        self._out: queue.SimpleQueue[list[ToEngine] | None] = queue.SimpleQueue()
-        self._writer = threading.Thread(target=self._write_all, name="streamd-engine-out", daemon=True)
-        self._reader = threading.Thread(target=self._read_all, name="streamd-engine-in", daemon=True)
+        self._writing = False  # the loop watches the channel for room to write the rest
+        self._gone = False  # the channel closed: the engine's process is gone
 
     @property
     def status(self) -> EngineStatus:
@@ -157,13 +158,17 @@ class RemoteEngine:
 
     def start(self, state: StreamContext) -> None:
         self._state, self._loop = state, asyncio.get_running_loop()
-        self._writer.start()
-        self._reader.start()
+        self._loop.add_reader(self.channel.fileno(), self._on_readable)
 
     def stop(self) -> None:
+        """Send what is queued, waiting at most `STOP_FLUSH_S` for the channel to take it."""
         self._flush()
-        self._out.put(None)
-        self._writer.join(5.0)
+        assert self._loop is not None
+        self._loop.remove_writer(self.channel.fileno())
+        deadline = time.monotonic() + STOP_FLUSH_S
+        while self.channel.wants_write and (left := deadline - time.monotonic()) > 0:
+            select.select([], [self.channel.fileno()], [], left)
+            self.channel.flush()
 
     # -- the EngineClient surface (event loop) ---------------------------------------------------
     async def open(self) -> EngineSession:
@@ -248,8 +253,10 @@ class RemoteEngine:
             batch = [*self._audio_messages(), *batch]
             self._audio = []
         if batch:
-            self._out.put(batch)
             self._pending = []
+            if not self._gone:
+                self.channel.send(batch)
+                self._watch_writes()
 
     def _audio_messages(self) -> list[SharedAudio | StreamAudio]:
         """The audio queued, in order, in runs of at most a share of the pipe (`audio_pipe.runs`):
@@ -266,22 +273,31 @@ class RemoteEngine:
             self._state.metrics.audio_messages.labels(path="inline" if put is None else "shared").inc()
         return out
 
-    def _write_all(self) -> None:
-        while (messages := self._out.get()) is not None:
-            try:
-                self.channel.send(messages)
-            except OSError:
-                return
-
-    def _read_all(self) -> None:
+    def _watch_writes(self) -> None:
+        """Watch the channel for room while part of what was sent waits (the socket was full)."""
         assert self._loop is not None
-        while True:
-            try:
-                messages = self.channel.recv()
-            except (EOFError, OSError):
-                break
-            self._loop.call_soon_threadsafe(self._dispatch, messages)
-        self._loop.call_soon_threadsafe(self._lost)
+        if self.channel.wants_write != self._writing:
+            self._writing = self.channel.wants_write
+            if self._writing:
+                self._loop.add_writer(self.channel.fileno(), self._on_writable)
+            else:
+                self._loop.remove_writer(self.channel.fileno())
+
+    def _on_writable(self) -> None:
+        self.channel.flush()
+        self._watch_writes()
+
+    def _on_readable(self) -> None:
+        """What the engine's process sent, dispatched now; its end of the channel closing: `_lost`."""
+        batches, closed = self.channel.read()
+        for messages in batches:
+            self._dispatch(messages)
+        if closed and not self._gone:
+            self._gone = True
+            assert self._loop is not None
+            self._loop.remove_reader(self.channel.fileno())
+            self._loop.remove_writer(self.channel.fileno())
+            self._lost()
 
     def _dispatch(self, messages: list[ToFront]) -> None:
         """On the event loop: results to their sessions, replies to their waiters."""
