@@ -73,7 +73,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -183,40 +183,25 @@ def engine_capacity(model_path: Path, item: Item, args: argparse.Namespace, seco
     chunk_s = rec.geometry.chunk_ms / 1000
     rng = np.random.default_rng(0)
     tone = np.frombuffer(load.tone_bursts(seconds=20.0).pcm, dtype="<i2").astype(np.float32) / 32768
+    # What the streams send, 256 MB of it (more than any CPU's cache: the engine thread's copy into
+    # the rings reads memory another core wrote, as the daemon's reads a front end's pipe): each
+    # step's chunk of stream i is copied straight from its place in it (`push_many`), one copy, as the
+    # daemon's engine thread copies a front end's message. No other thread runs beside the engine
+    # thread (in the daemon's process none does): a thread gathering the chunks a step ahead
+    # (e17eb9e) took the GIL from the launches, 31 -> 70 ms a step at 10240 (benchmarks/h100-2026-12-07m).
+    source = np.tile(tone, -(-(64 << 20) // tone.size))
     streams: list[Any] = []
-    offsets = rng.integers(0, tone.size, max_n)  # stream i's place in the tone bursts
+    offsets = rng.integers(0, source.size - 1, max_n)  # stream i's place in the source
     g = rec.geometry
     chunk = g.hop * g.subsampling * (g.right + 1)
-    windows = np.lib.stride_tricks.sliding_window_view(tone, chunk)  # row p: the chunk from sample p on
-    # The next step's chunks of every stream, one after the other, made on a thread of their own
-    # while this one steps: the daemon's engine thread takes each front end's message from
-    # memory the front-end process filled, and copies its samples once, into the rings
-    # (`push_many`). Gathering them from the tone here (a second copy, about as long as the first:
-    # benchmarks/cpu-2026-12-07j-feed) would be host work the daemon does not do.
-    messages = ThreadPoolExecutor(1, thread_name_prefix="bench-front-end")
-    ahead: list[tuple[int, Future[np.ndarray]]] = []  # (streams, their next chunks), at most one
-
-    def gather(n: int) -> np.ndarray:
-        """The next chunk of the first n streams, each at its own offset in the tone bursts."""
-        at = offsets[:n] % (tone.size - chunk)
-        offsets[:n] += chunk
-        return windows[at].reshape(-1)
 
     def feed_all() -> None:
-        """A chunk for every stream in one `push_many`, as the engine takes a front end's message;
-        the next step's is gathered meanwhile (a probe of another size gathers its first itself)."""
+        """A chunk for every stream in one `push_many`, as the engine takes a front end's message."""
         n = len(streams)
-        samples = None
-        if ahead:
-            made, next_chunks = ahead.pop()
-            samples = next_chunks.result()  # waited for also when dropped: `offsets` is one thread's at a time
-            if made != n:
-                samples = None
-        if samples is None:
-            samples = gather(n)
-        ahead.append((n, messages.submit(gather, n)))
+        at = offsets[:n] % (source.size - chunk)
+        offsets[:n] += chunk
         slots = np.fromiter((s.slot for s in streams), np.int64, n)
-        rec.audio.push_many(slots, np.arange(n, dtype=np.int64) * chunk, np.full(n, chunk, np.int64), samples)
+        rec.audio.push_many(slots, at, np.full(n, chunk, np.int64), source)
 
     def probe(n: int) -> dict[str, Any]:
         while len(streams) < n:
@@ -258,8 +243,8 @@ def engine_capacity(model_path: Path, item: Item, args: argparse.Namespace, seco
         The mean time between two collected steps (the pipeline's steady state, as a daemon
         stepping all the time runs: not its filling, a feed and launch with nothing to overlap,
         nor its draining, a wait for the last step with nothing launched behind it). Also the
-        median of each part of a step on the host (feeding: copying the chunks into the rings, with
-        any wait for the thread that gathers them; launching, of which waiting for the
+        median of each part of a step on the host (feeding: copying the chunks into the rings;
+        launching, of which waiting for the
         step before's ring reads, collecting, delivering the results) and of the device's time a step
         (CUDA only; the step's span on the device after the one before ended)."""
         parts: dict[str, list[float]] = {k: [] for k in ("feed_s", "launch_s", "ring_wait_s", "collect_s",
@@ -334,7 +319,6 @@ def engine_capacity(model_path: Path, item: Item, args: argparse.Namespace, seco
             result["peak_gpu_mem_gb"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
         return result
     finally:
-        messages.shutdown(cancel_futures=True)
         streams.clear()
         del rec, model
         gc.collect()
