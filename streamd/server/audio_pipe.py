@@ -15,11 +15,11 @@ growing; 8 aligned bytes, written by the reader alone); the writer knows its own
 The samples are written before the message that names them leaves through the socket (a system
 call), so the reader never sees a message before its bytes.
 
-A front end's queued audio leaves in runs of at most `RUN_SHARE` of the pipe (`runs`): a flush
+A front end's queued audio leaves in runs of at most 1/`RUN_SHARE` of the pipe (`runs`): a flush
 late by a busy event loop (in benchmarks/h100-2026-12-07g, front ends of ~800 streams woke 0.3-1 s
-late: up to 15-50 MB of audio waiting) still goes through the pipe, in several messages. A run that does not fit (the reader is
-behind by more than the pipe holds) goes through the channel as before (`link.StreamAudio`):
-nothing waits and nothing is lost.
+late: up to 15-50 MB of audio waiting) still goes through the pipe, in several messages. A run
+that does not fit (the reader is behind by more than the pipe holds) goes through the channel as
+before (`link.StreamAudio`): nothing waits and nothing is lost.
 """
 from __future__ import annotations
 

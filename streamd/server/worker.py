@@ -165,6 +165,7 @@ class RemoteEngine:
         self._flush()
         assert self._loop is not None
         self._loop.remove_writer(self.channel.fileno())
+        self._writing = False
         deadline = time.monotonic() + STOP_FLUSH_S
         while self.channel.wants_write and (left := deadline - time.monotonic()) > 0:
             select.select([], [self.channel.fileno()], [], left)
