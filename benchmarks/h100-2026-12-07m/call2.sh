@@ -1,5 +1,6 @@
 # H100 call 2: the daemon at 9216 x 160 ms, 12 front ends: this tree vs a384ee1 (.carry/old), alternately;
 # then, if time is left, the engine item at 10240 x 160 ms (the feed on the engine thread alone).
+# .carry/old: `mkdir -p .carry/old && git archive a384ee1 streamd scripts | tar -x -C .carry/old` (the weights in assets/ are not needed).
 . .carry/setup.sh > /dev/null
 D='--plan daemon:160:bf16:on --daemon-at 160=9216 --workers 12 --client-procs 6 --seconds 8 --warmup-s 2 --daemon-cap-s 110 --budget-s 120'
 for r in 1 2; do for v in new old; do
