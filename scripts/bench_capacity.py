@@ -7,7 +7,8 @@ CUDA graphs on/off.
   that all have a chunk ready, in this process; N is kept real time when its steps (audio in,
   features, encoder, decoder, results delivered as the daemon's engine thread delivers them to
   `--workers` front ends), pipelined as the daemon's engine does (each launched while the one
-  before runs on the device, then the one before collected), take at most one chunk each. Each level also reports the median step alone (synchronised: every step reads its
+  before runs on the device, then the one before collected), take at most one chunk each. Each
+  level also reports the median step alone (synchronised: every step reads its
   labels back before the next begins), the measure of the runs before 2026-12-05e. N doubles from
   `--engine-start`, then bisects. An upper bound: no churn, every step full.
 * live: the fair denominator for the daemon (`scripts/live_engine.py`): the daemon's own `Engine`
@@ -131,21 +132,23 @@ def per_stream_bytes(model: Any, att_context: tuple[int, int]) -> int:
 PIPELINED_STEPS = 8  # launched back to back: the mean of the 6 steady intervals between their collections
 
 
-def deliver(results: Any, front_ends: int) -> list[Any]:
-    """What the daemon's engine thread makes of a landed step's `StepResults` (row i: stream i):
-    with front ends, each one's rows as one framed `Results` message (`Bridge._deliver`, the
-    socket write left out; the front end makes each stream's `ChunkResult` of them), stream i
-    for front end i % front_ends; without, every row's `ChunkResult` (the in-process sessions'
-    queue items)."""
+def deliver(results: Any, sessions: list[Any], front_ends: int) -> list[Any]:
+    """What the daemon's engine thread makes of a landed step's `StepResults` (row i: stream i,
+    whose `EngineSession` is sessions[i]): with front ends, each one's rows as its channel's frame
+    (`Bridge._deliver`: `front_messages`, the socket write left out; the front end makes each
+    stream's `ChunkResult` of them), stream i for front end i % front_ends; without, every row's
+    `ChunkResult` (the in-process sessions' queue items)."""
+    from streamd.engine.types import Handover
     from streamd.server.channel import _frame
-    from streamd.server.link import Results
+    from streamd.server.frontends import front_messages
 
     if not front_ends:
         return results.chunks()  # type: ignore[no-any-return]
     frames = []
     for f in range(front_ends):
         rows = np.arange(f, len(results), front_ends, dtype=np.int64)
-        frames.append(_frame([Results(rows, results.rows(rows))]))
+        handover = Handover(sessions[f::front_ends][:rows.size], results.rows(rows), [])
+        frames.append(_frame(front_messages(handover)))
     return frames
 
 
@@ -158,6 +161,7 @@ def engine_capacity(model_path: Path, item: Item, args: argparse.Namespace, seco
     from streamd.engine.migration import placed_copy
     from streamd.engine.placement import parse_device, parse_dtype
     from streamd.engine.recognizer import PART_ROWS, Recognizer
+    from streamd.engine.types import EngineSession
     from streamd.model.checkpoint import load_model
     from streamd.server.app import DECODER_BUCKETS_PER_OCTAVE
 
@@ -191,6 +195,7 @@ def engine_capacity(model_path: Path, item: Item, args: argparse.Namespace, seco
     # (e17eb9e) took the GIL from the launches, 31 -> 70 ms a step at 10240 (benchmarks/h100-2026-12-07m).
     source = np.tile(tone, -(-(64 << 20) // tone.size))
     streams: list[Any] = []
+    sessions = [EngineSession(id=i) for i in range(max_n)]  # stream i's, as a front end's bridge keeps them
     offsets = rng.integers(0, source.size - 1, max_n)  # stream i's place in the source
     g = rec.geometry
     chunk = g.hop * g.subsampling * (g.right + 1)
@@ -244,9 +249,9 @@ def engine_capacity(model_path: Path, item: Item, args: argparse.Namespace, seco
         stepping all the time runs: not its filling, a feed and launch with nothing to overlap,
         nor its draining, a wait for the last step with nothing launched behind it). Also the
         median of each part of a step on the host (feeding: copying the chunks into the rings;
-        launching, of which waiting for the
-        step before's ring reads, collecting, delivering the results) and of the device's time a step
-        (CUDA only; the step's span on the device after the one before ended)."""
+        launching, of which waiting for the step before's ring reads; collecting; delivering the
+        results) and of the device's time a step (CUDA only; the step's span on the device after
+        the one before ended)."""
         parts: dict[str, list[float]] = {k: [] for k in ("feed_s", "launch_s", "ring_wait_s", "collect_s",
                                                           "deliver_s", "device_s")}
 
@@ -257,7 +262,7 @@ def engine_capacity(model_path: Path, item: Item, args: argparse.Namespace, seco
             results = step.collect()
             parts["collect_s"].append(time.perf_counter() - t)
             t = time.perf_counter()
-            deliver(results, args.workers)
+            deliver(results, sessions, args.workers)
             done.append(time.perf_counter())
             parts["deliver_s"].append(done[-1] - t)
             if (device_s := step.device_s(before)) is not None:

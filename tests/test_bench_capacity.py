@@ -15,7 +15,7 @@ from conftest import FIXTURES, REPO
 sys.path.insert(0, str(REPO / "scripts"))
 import bench_capacity  # noqa: E402
 from streamd.engine.recognizer import PART_ROWS  # noqa: E402
-from streamd.engine.types import StepResults  # noqa: E402
+from streamd.engine.types import EngineSession, StepResults  # noqa: E402
 from streamd.server.channel import HEADER, _load  # noqa: E402
 
 
@@ -66,14 +66,15 @@ def test_engine_levels_deliver_results_as_the_daemon_to_its_front_ends() -> None
     it: one framed `Results` a front end, whose rows are that front end's streams' results."""
     labels = np.arange(5 * 3, dtype=np.int64).reshape(5, 3)
     results = StepResults(labels, labels + 100, np.array([0, 1, 3, 2, 0]), np.arange(5), np.arange(5) + 2)
-    frames = bench_capacity.deliver(results, 2)
+    sessions = [EngineSession(id=100 + i) for i in range(5)]
+    frames = bench_capacity.deliver(results, sessions, 2)
     got = {}
     for frame in frames:
         body = b"".join(bytes(part) for part in frame)
         (message,) = _load(bytearray(body[HEADER.size:]), HEADER.unpack_from(body)[1])
         got.update(message.items())
-    assert got == dict(enumerate(results.chunks()))
-    assert bench_capacity.deliver(results, 0) == results.chunks()  # in-process sessions: the chunks
+    assert got == {100 + i: chunk for i, chunk in enumerate(results.chunks())}  # each stream's own row
+    assert bench_capacity.deliver(results, sessions, 0) == results.chunks()  # in-process sessions: the chunks
 
 
 def test_engine_levels_step_in_parts_of_the_rows_asked() -> None:

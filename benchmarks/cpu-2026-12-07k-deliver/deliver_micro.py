@@ -10,13 +10,14 @@ import numpy as np
 sys.path.insert(0, sys.argv[1])
 sys.path.insert(0, sys.argv[1] + "/scripts")
 import bench_capacity  # noqa: E402
-from streamd.engine.types import StepResults  # noqa: E402
+from streamd.engine.types import EngineSession, StepResults  # noqa: E402
 
 n = 10240
 rng = np.random.default_rng(0)
 lengths = rng.binomial(2, 0.3, n)
 r = StepResults(rng.integers(0, 1024, (n, 3)), rng.integers(0, 1000, (n, 3)), lengths, np.arange(n), np.arange(n) + 2)
-for name, f in [("chunks", r.chunks), ("deliver to 8 front ends", lambda: bench_capacity.deliver(r, 8))] * 2:
+sessions = [EngineSession(id=i) for i in range(n)]
+for name, f in [("chunks", r.chunks), ("deliver to 8 front ends", lambda: bench_capacity.deliver(r, sessions, 8))] * 2:
     ts = []
     for _ in range(20):
         t = time.perf_counter()
